@@ -1,0 +1,148 @@
+"""The node agent: report facts, execute orders, keep workers alive.
+
+Two threads talk to the controller. The beat loop long-polls: it sends a heartbeat and
+the reply comes back when the orders change or after about a heartbeat interval. The
+reporter sends an immediate heartbeat whenever something changed locally (a rank started
+or exited, a lifecycle script finished). While the controller is away both keep retrying;
+workers keep running, and the next heartbeat that gets through re-registers the node and
+delivers every exit that happened meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from typing import Any
+
+from trainpod.agent.launcher import Launcher
+from trainpod.agent.lifecycle import LifecycleRunner
+from trainpod.api.models import Heartbeat, Orders
+from trainpod.client.http import TrainpodClient
+from trainpod.errors import ControllerUnavailable, TrainpodError
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 0.5
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        node: str,
+        address: str,
+        client: TrainpodClient,
+        lifecycle: LifecycleRunner,
+        node_env: dict[str, str],
+        facts: Any,
+        heartbeat_interval_s: float = 1.0,
+        teardown_grace_s: float = 5.0,
+    ) -> None:
+        """``facts`` is a zero-argument callable returning the node's current facts."""
+        self.node = node
+        self.address = address
+        self.agent_id = uuid.uuid4().hex
+        self._client = client
+        self._lifecycle = lifecycle
+        self._facts = facts
+        self._interval = heartbeat_interval_s
+        self._grace = teardown_grace_s
+        self._changed = threading.Event()
+        self.stopping = threading.Event()
+        self._orders_hash: str | None = None
+        self._send_lock = threading.Lock()
+        self.launcher = Launcher(node_env=node_env, on_change=self._changed.set)
+        self._connected = False
+
+    def notify(self) -> None:
+        """Something changed locally: report it now rather than at the next beat."""
+        self._changed.set()
+
+    # -- the protocol -------------------------------------------------------------------
+    def _beat(self, wait_s: float, *, leaving: bool = False) -> Orders | None:
+        reports = self.launcher.reports()
+        hb = Heartbeat(
+            node=self.node,
+            agent_id=self.agent_id,
+            agent_pid=os.getpid(),
+            address=self.address,
+            facts=self._facts(),
+            lifecycle=self._lifecycle.status(),
+            attempts=reports,
+            orders_hash=self._orders_hash if wait_s else None,
+            wait_s=wait_s,
+            leaving=leaving,
+        )
+        try:
+            orders = self._client.heartbeat(hb)
+        except ControllerUnavailable as exc:
+            if self._connected:
+                log.warning("controller unreachable, workers keep running: %s", exc)
+            self._connected = False
+            return None
+        if not self._connected:
+            log.info("connected to the controller at %s", self._client.url)
+        self._connected = True
+        self.launcher.delivered(reports)
+        self._apply(orders)
+        return orders
+
+    def _apply(self, orders: Orders) -> None:
+        with self._send_lock:
+            self._orders_hash = orders.hash
+            self._interval = orders.heartbeat_interval_s
+            for kill in orders.kill:
+                log.info("order: kill attempt %d (%s)", kill.attempt_id, kill.reason)
+                self.launcher.kill(kill.attempt_id, kill.grace_s)
+            for launch in orders.launch:
+                if self.launcher.launch(launch):
+                    log.info(
+                        "order: launched attempt %d of job %d, ranks %s",
+                        launch.attempt_id,
+                        launch.job_id,
+                        [r.rank for r in launch.ranks],
+                    )
+
+    # -- threads ------------------------------------------------------------------------
+    def _beat_loop(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                if self._beat(self._interval) is None:
+                    self.stopping.wait(RETRY_S)
+            except TrainpodError as exc:
+                log.error("heartbeat refused: %s", exc)
+                self.stopping.wait(self._interval)
+
+    def _report_loop(self) -> None:
+        while not self.stopping.is_set():
+            self._changed.wait()
+            if self.stopping.is_set():
+                return
+            self._changed.clear()
+            try:
+                if self._beat(0.0) is None:
+                    self._changed.set()  # deliver it once the controller is back
+                    self.stopping.wait(RETRY_S)
+            except TrainpodError as exc:
+                log.error("report refused: %s", exc)
+                self.stopping.wait(RETRY_S)
+
+    def run(self) -> None:
+        """Run until :attr:`stopping` is set; then stop the workers and say goodbye."""
+        threads = [
+            threading.Thread(target=self._lifecycle.run, name="lifecycle", daemon=True),
+            threading.Thread(target=self._report_loop, name="reporter", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        self._beat_loop()
+        self._changed.set()
+        if self.launcher.pids():
+            log.info("stopping %d workers", len(self.launcher.pids()))
+        self.launcher.shutdown(self._grace)
+        try:
+            self._beat(0.0, leaving=True)
+        except TrainpodError as exc:
+            log.warning("could not say goodbye to the controller: %s", exc)

@@ -1,0 +1,245 @@
+"""Starting, watching and stopping the worker processes of attempts on one node.
+
+Each rank is a real process in its own session (so its whole process group can be
+signalled), with stdout and stderr in a per-rank log. A watcher thread per rank calls
+``on_change`` the moment it exits, so the agent reports exits at once. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainpod.api.models import AttemptReport, LaunchOrder, RankReport
+
+log = logging.getLogger(__name__)
+
+TAIL_BYTES = 4096
+TAIL_LINES = 30
+
+
+def log_tail(path: Path, max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LINES) -> str:
+    """The last lines of a log file, or "" when it does not exist."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-max_lines:])
+
+
+@dataclass
+class RankProcess:
+    rank: int
+    local_rank: int
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    delivered: bool = False  # the controller has acknowledged this rank's exit
+
+    @property
+    def running(self) -> bool:
+        return self.ended_at is None
+
+    def report(self) -> RankReport:
+        failed = not self.running and (self.exit_code != 0 or self.signal is not None)
+        return RankReport(
+            rank=self.rank,
+            local_rank=self.local_rank,
+            pid=self.proc.pid if self.proc else None,
+            state="running" if self.running else "exited",
+            exit_code=self.exit_code,
+            signal=self.signal,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            log_tail=log_tail(self.log_path) if failed else "",
+        )
+
+
+@dataclass
+class AttemptRun:
+    order: LaunchOrder
+    ranks: list[RankProcess] = field(default_factory=list)
+    killing: bool = False
+
+    @property
+    def running(self) -> bool:
+        return any(r.running for r in self.ranks)
+
+
+class Launcher:
+    def __init__(
+        self,
+        *,
+        node_env: dict[str, str],
+        on_change: Callable[[], None],
+    ) -> None:
+        """``node_env``: variables every worker on this node gets (node name, scratch, devices)."""
+        self._node_env = node_env
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._runs: dict[int, AttemptRun] = {}
+        self._seen: set[int] = set()  # every attempt ever launched here; never launch twice
+
+    # -- launching ----------------------------------------------------------------------
+    def launch(self, order: LaunchOrder) -> bool:
+        """Start the node's ranks of an attempt. Idempotent: returns False if seen before."""
+        with self._lock:
+            if order.attempt_id in self._seen:
+                return False
+            self._seen.add(order.attempt_id)
+            run = AttemptRun(order)
+            self._runs[order.attempt_id] = run
+        log_dir = Path(order.log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for slot in order.ranks:
+            rp = RankProcess(slot.rank, slot.local_rank, log_dir / f"rank-{slot.rank}.log")
+            run.ranks.append(rp)
+            self._spawn(order, rp)
+        self._on_change()
+        return True
+
+    def _spawn(self, order: LaunchOrder, rp: RankProcess) -> None:
+        env = {**os.environ, **order.env, **self._node_env}
+        env.update(
+            RANK=str(rp.rank),
+            LOCAL_RANK=str(rp.local_rank),
+            ROLE_RANK=str(rp.rank),
+            PYTHONUNBUFFERED=env.get("PYTHONUNBUFFERED", "1"),
+        )
+        scratch = Path(self._node_env.get("TRAINPOD_SCRATCH_DIR", ".")) / f"job-{order.job_id}"
+        env["TRAINPOD_JOB_SCRATCH_DIR"] = str(scratch)
+        rp.started_at = time.time()
+        with rp.log_path.open("ab") as out:
+            try:
+                scratch.mkdir(parents=True, exist_ok=True)
+                rp.proc = subprocess.Popen(
+                    order.argv,
+                    cwd=order.workdir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                # Say why in the rank's own log, and end the rank like a shell would.
+                what = "working directory" if not Path(order.workdir).is_dir() else "command"
+                out.write(
+                    f"trainpod: cannot start {order.argv!r} in {order.workdir}: {exc} "
+                    f"(check the {what})\n".encode()
+                )
+                rp.exit_code, rp.ended_at = 127, time.time()
+                return
+        threading.Thread(target=self._watch, args=(rp,), daemon=True).start()
+
+    def _watch(self, rp: RankProcess) -> None:
+        assert rp.proc is not None
+        code = rp.proc.wait()
+        with self._lock:
+            rp.ended_at = time.time()
+            if code < 0:
+                rp.signal, rp.exit_code = -code, None
+            else:
+                rp.exit_code = code
+        log.info(
+            "rank %d (pid %d) ended: code=%s signal=%s",
+            rp.rank,
+            rp.proc.pid,
+            rp.exit_code,
+            rp.signal,
+        )
+        self._on_change()
+
+    # -- stopping -----------------------------------------------------------------------
+    def kill(self, attempt_id: int, grace_s: float) -> None:
+        """SIGTERM every live rank of the attempt, SIGKILL what is left after ``grace_s``.
+
+        Returns at once; the escalation runs in a thread. Idempotent.
+        """
+        with self._lock:
+            run = self._runs.get(attempt_id)
+            if run is None or run.killing or not run.running:
+                return
+            run.killing = True
+        threading.Thread(target=self._terminate, args=(run, grace_s), daemon=True).start()
+
+    def _terminate(self, run: AttemptRun, grace_s: float) -> None:
+        live = [r for r in run.ranks if r.running and r.proc is not None]
+        for r in live:
+            _signal_group(r, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for r in live:
+            assert r.proc is not None
+            try:
+                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for r in live:
+            _signal_group(r, signal.SIGKILL)  # also reaps children that outlived the rank
+
+    def shutdown(self, grace_s: float) -> None:
+        """Stop every attempt and wait for the ranks to end (agent exit)."""
+        with self._lock:
+            runs = list(self._runs.values())
+        threads = []
+        for run in runs:
+            t = threading.Thread(target=self._terminate, args=(run, grace_s))
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+
+    # -- reporting ----------------------------------------------------------------------
+    def reports(self) -> list[AttemptReport]:
+        with self._lock:
+            return [
+                AttemptReport(
+                    attempt_id=aid, job_id=run.order.job_id, ranks=[r.report() for r in run.ranks]
+                )
+                for aid, run in sorted(self._runs.items())
+            ]
+
+    def delivered(self, reports: list[AttemptReport]) -> None:
+        """The controller has recorded these reports: forget attempts that have fully ended."""
+        with self._lock:
+            for rep in reports:
+                run = self._runs.get(rep.attempt_id)
+                if run is None:
+                    continue
+                ended = {r.rank for r in rep.ranks if r.state == "exited"}
+                for r in run.ranks:
+                    if r.rank in ended:
+                        r.delivered = True
+                if all(r.delivered for r in run.ranks):
+                    del self._runs[rep.attempt_id]
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [
+                r.proc.pid
+                for run in self._runs.values()
+                for r in run.ranks
+                if r.proc is not None and r.running
+            ]
+
+
+def _signal_group(r: RankProcess, sig: signal.Signals) -> None:
+    assert r.proc is not None
+    try:
+        os.killpg(r.proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,130 @@
+"""The controller's HTTP API: versioned under /v1, a bearer token on every call."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+from trainpod.api.models import (
+    ClusterInfo,
+    EventInfo,
+    Heartbeat,
+    JobInfo,
+    LaunchPlan,
+    LogChunk,
+    NodeInfo,
+    Orders,
+)
+from trainpod.controller.core import Controller
+from trainpod.controller.launch import rank_log_path
+from trainpod.errors import Conflict, NotFound, SpecError, TrainpodError
+from trainpod.spec.job import JobSpec
+
+_STATUS = {SpecError: 400, NotFound: 404, Conflict: 409}
+_MAX_LOG_CHUNK = 256 * 1024
+
+
+def create_app(
+    controller: Controller,
+    *,
+    admin_token: str,
+    agent_token: str,
+    info: Callable[[], ClusterInfo],
+) -> FastAPI:
+    app = FastAPI(
+        title="trainpod controller",
+        version="1",
+        openapi_url="/v1/openapi.json",
+        docs_url="/v1/docs",
+        redoc_url=None,
+    )
+
+    @app.middleware("http")
+    async def auth(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        header = request.headers.get("authorization", "")
+        token = header[7:] if header.lower().startswith("bearer ") else ""
+        admin = bool(token) and secrets.compare_digest(token, admin_token)
+        agent = bool(token) and secrets.compare_digest(token, agent_token)
+        if not (admin or (agent and request.url.path.startswith("/v1/agent/"))):
+            return JSONResponse(
+                {"error": "Unauthorized", "message": "a valid bearer token is required; "
+                 "the CLI reads it from the cluster's state dir (admin.token)"},
+                status_code=401,
+            )  # fmt: skip
+        return await call_next(request)
+
+    @app.exception_handler(TrainpodError)
+    async def trainpod_error(_: Request, exc: TrainpodError) -> JSONResponse:
+        status = next((s for t, s in _STATUS.items() if isinstance(exc, t)), 500)
+        return JSONResponse({"error": type(exc).__name__, "message": str(exc)}, status_code=status)
+
+    @app.get("/v1/cluster", response_model=ClusterInfo)
+    def cluster() -> ClusterInfo:
+        return info()
+
+    @app.get("/v1/nodes", response_model=list[NodeInfo])
+    def nodes() -> list[NodeInfo]:
+        return controller.node_infos()
+
+    @app.post("/v1/jobs", response_model=JobInfo, status_code=201)
+    def submit(spec: JobSpec) -> JobInfo:
+        return controller.job_info(controller.submit(spec))
+
+    @app.post("/v1/jobs:plan", response_model=LaunchPlan)
+    def plan(spec: JobSpec) -> LaunchPlan:
+        return controller.plan(spec)
+
+    @app.get("/v1/jobs", response_model=list[JobInfo])
+    def jobs(all: bool = True, limit: int | None = None) -> list[JobInfo]:
+        return controller.job_infos(include_ended=all, limit=limit)
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobInfo)
+    def job(job_id: int) -> JobInfo:
+        return controller.job_info(job_id)
+
+    @app.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo)
+    def cancel(job_id: int) -> JobInfo:
+        controller.cancel(job_id)
+        return controller.job_info(job_id)
+
+    @app.get("/v1/jobs/{job_id}/logs", response_model=LogChunk)
+    def logs(job_id: int, rank: int = 0, attempt: int | None = None, offset: int = 0) -> LogChunk:
+        info = controller.job_info(job_id)
+        number = attempt or (info.attempts[-1].number if info.attempts else 0)
+        ended = info.state in ("completed", "failed", "cancelled")
+        data = ""
+        if number:
+            path = rank_log_path(controller.cfg, job_id, number, rank)
+            data, offset = _read_from(path, offset)
+        return LogChunk(
+            job_id=job_id, attempt=number, rank=rank, offset=offset, data=data, job_ended=ended
+        )
+
+    @app.get("/v1/events", response_model=list[EventInfo])
+    def events(
+        job: int | None = None, node: str | None = None, after: int = 0, limit: int | None = None
+    ) -> list[EventInfo]:
+        return controller.event_infos(job_id=job, node=node, after=after, limit=limit)
+
+    @app.post("/v1/agent/heartbeat", response_model=Orders)
+    def heartbeat(hb: Heartbeat) -> Orders:
+        return controller.heartbeat(hb)
+
+    return app
+
+
+def _read_from(path: Path, offset: int) -> tuple[str, int]:
+    """Up to a chunk of ``path`` from ``offset``: the text and the offset after it."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            raw = f.read(_MAX_LOG_CHUNK)
+    except FileNotFoundError:
+        return "", offset
+    return raw.decode("utf-8", errors="replace"), offset + len(raw)

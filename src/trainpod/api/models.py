@@ -1,0 +1,199 @@
+"""Wire models: the agent protocol and the public API's responses.
+
+These are shared by the controller, the agent and the client, and import nothing heavier
+than pydantic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainpod.spec.job import JobSpec
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- agent protocol ---------------------------------------------------------------------
+class RankReport(_Model):
+    rank: int
+    local_rank: int
+    pid: int | None = None
+    state: Literal["running", "exited"]
+    exit_code: int | None = None
+    signal: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    log_tail: str = ""
+
+
+class AttemptReport(_Model):
+    attempt_id: int
+    job_id: int
+    ranks: list[RankReport]
+
+
+class LifecycleResult(_Model):
+    script: str
+    state: Literal["pending", "running", "ok", "failed", "timeout"]
+    exit_code: int | None = None
+    duration_s: float | None = None
+    log_path: str = ""
+    tail: str = ""
+
+
+class LifecycleStatus(_Model):
+    state: Literal["running", "ok", "failed"]
+    results: list[LifecycleResult] = Field(default_factory=list)
+
+
+class Heartbeat(_Model):
+    """What an agent sends about once a second, and at once when a worker exits."""
+
+    node: str
+    agent_id: str = Field(description="unique per agent process; a new one means a restart")
+    agent_pid: int
+    address: str
+    facts: dict[str, Any] = Field(default_factory=dict)
+    lifecycle: LifecycleStatus
+    attempts: list[AttemptReport] = Field(default_factory=list)
+    orders_hash: str | None = Field(
+        default=None, description="hash of the orders the agent holds; the reply waits for new"
+    )
+    wait_s: float = Field(default=0.0, ge=0, le=30)
+    leaving: bool = Field(default=False, description="the agent is shutting down on purpose")
+
+
+class RankSlot(_Model):
+    rank: int
+    local_rank: int
+
+
+class LaunchOrder(_Model):
+    attempt_id: int
+    job_id: int
+    attempt_number: int
+    argv: list[str]
+    workdir: str
+    env: dict[str, str]
+    ranks: list[RankSlot]
+    log_dir: str
+
+
+class KillOrder(_Model):
+    attempt_id: int
+    grace_s: float
+    reason: str
+
+
+class Orders(_Model):
+    launch: list[LaunchOrder] = Field(default_factory=list)
+    kill: list[KillOrder] = Field(default_factory=list)
+    heartbeat_interval_s: float = 1.0
+    hash: str = ""
+
+    def sealed(self) -> Orders:
+        body = self.model_dump(exclude={"hash"})
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+        return self.model_copy(update={"hash": digest})
+
+
+# -- public API ---------------------------------------------------------------------------
+class NodeInfo(_Model):
+    name: str
+    group: str
+    role: str
+    spare: bool
+    devices: int
+    state: str
+    reason: str
+    job_id: int | None
+    address: str | None
+    agent_pid: int | None
+    last_heartbeat: float | None
+    facts: dict[str, Any]
+
+
+class RankInfo(_Model):
+    rank: int
+    node: str
+    local_rank: int
+    state: str
+    pid: int | None
+    exit_code: int | None
+    signal: int | None
+    started_at: float | None
+    ended_at: float | None
+
+
+class AttemptInfo(_Model):
+    number: int
+    state: str
+    nodes: list[str]
+    master_addr: str
+    master_port: int
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    cause: str
+    failure: dict[str, Any]
+    ranks: list[RankInfo] = Field(default_factory=list)
+
+
+class JobInfo(_Model):
+    id: int
+    name: str
+    state: str
+    reason: str
+    spec: JobSpec
+    submitted_at: float
+    started_at: float | None
+    ended_at: float | None
+    attempts: list[AttemptInfo] = Field(default_factory=list)
+
+
+class EventInfo(_Model):
+    id: int
+    ts: float
+    kind: str
+    node: str | None
+    job_id: int | None
+    attempt: int | None
+    data: dict[str, Any]
+
+
+class ClusterInfo(_Model):
+    name: str
+    backend: str
+    controller_pid: int
+    started_at: float
+    nodes: dict[str, int] = Field(description="node count by state")
+    jobs: dict[str, int] = Field(description="job count by state")
+    partitions: dict[str, list[str]]
+    shared_dir: str
+    scratch_root: str
+    checkpoint_uri: str
+
+
+class LaunchPlan(_Model):
+    """What a submission would do, without doing it (``--dry-run``)."""
+
+    job: JobSpec
+    partition: str
+    nodes: list[str]
+    orders: dict[str, LaunchOrder]
+    note: str = ""
+
+
+class LogChunk(_Model):
+    job_id: int
+    attempt: int
+    rank: int
+    offset: int
+    data: str
+    job_ended: bool

@@ -1,0 +1,188 @@
+"""The embedded local backend: the controller and one agent per node, on this machine.
+
+Each node is an agent process with its own scratch dir and device slice: real GPUs
+(CUDA_VISIBLE_DEVICES) where this machine has them, otherwise CPU slots standing in for
+GPUs (simulated, and reported as such).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from trainpod.agent.facts import detect_gpus
+from trainpod.backends.base import Backend, ProcessStatus, register
+from trainpod.backends.procs import is_ours, read_pid, spawn, terminate
+from trainpod.client.http import TrainpodClient
+from trainpod.controller.ports import free_port
+from trainpod.errors import Conflict, ControllerUnavailable, Fatal
+from trainpod.paths import ClusterRecord, read_secret, write_secret
+from trainpod.spec.cluster import ClusterSpec
+
+CONTROLLER = "controller"
+READY_TIMEOUT_S = 30.0
+
+
+def python_first_path() -> dict[str, str]:
+    """PATH with this interpreter's bin dir first, so ``python`` on a node is this Python
+    (as with an activated venv) for lifecycle scripts and workers alike."""
+    bindir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != bindir:
+        path = f"{bindir}{os.pathsep}{path}"
+    return {"PATH": path}
+
+
+@register
+class LocalBackend(Backend):
+    name = "local"
+
+    # -- create / start -------------------------------------------------------------------
+    def create(self, spec: ClusterSpec, spec_path: Path) -> ClusterRecord:
+        p = self.paths
+        if p.record.exists():
+            raise Conflict(
+                f"a cluster named {spec.name!r} already exists ({p.state_dir}); "
+                f"`trainpod cluster delete {spec.name}` it or change `name:` in {spec_path}"
+            )
+        p.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        shared = spec.storage.shared_dir or p.default_shared_dir
+        scratch = spec.storage.node_scratch_root or p.default_scratch_root
+        ckpt = spec.storage.checkpoint_uri or f"file://{shared / 'checkpoints'}"
+        record = ClusterRecord(
+            name=spec.name,
+            backend=self.name,
+            spec=spec.to_json(),
+            spec_path=str(spec_path),
+            host="127.0.0.1",
+            port=free_port("127.0.0.1"),
+            created_at=time.time(),
+            shared_dir=str(shared),
+            scratch_root=str(scratch),
+            checkpoint_uri=ckpt,
+        )
+        write_secret(p.admin_token)
+        write_secret(p.agent_token)
+        record.save(p.record)
+        self.start()
+        return record
+
+    def _record(self) -> ClusterRecord:
+        return ClusterRecord.load(self.paths)
+
+    def _node_slices(self, record: ClusterRecord) -> dict[str, list[str]]:
+        """GPU indices per node, handed out in node order; empty without GPUs."""
+        from trainpod.controller.daemon import load_recorded_spec
+
+        gpus = detect_gpus()
+        out: dict[str, list[str]] = {}
+        for node, group in load_recorded_spec(record).node_names():
+            take = group.devices_per_node if group.role == "compute" else 0
+            if gpus and take and len(gpus) >= take:
+                out[node], gpus = gpus[:take], gpus[take:]
+            else:
+                out[node] = []
+        return out
+
+    def _nodes(self, record: ClusterRecord) -> list[str]:
+        from trainpod.controller.daemon import load_recorded_spec
+
+        return [n for n, _ in load_recorded_spec(record).node_names()]
+
+    def start(self) -> list[str]:
+        record = self._record()
+        p = self.paths
+        marker = str(p.state_dir)
+        started: list[str] = []
+        if not is_ours(read_pid(p.pid_file(CONTROLLER)), marker):
+            spawn(
+                [sys.executable, "-m", "trainpod.controller.daemon", "--state-dir", marker],
+                log=p.log_file(CONTROLLER),
+                pid_file=p.pid_file(CONTROLLER),
+            )
+            started.append(CONTROLLER)
+        self.wait_ready(record)
+        for node, gpus in self._node_slices(record).items():
+            proc = f"agent-{node}"
+            if is_ours(read_pid(p.pid_file(proc)), marker):
+                continue
+            spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "trainpod.agent.main",
+                    "--state-dir",
+                    marker,
+                    "--node",
+                    node,
+                    "--gpus",
+                    ",".join(gpus),
+                ],
+                log=p.node_dir(node) / "agent.log",
+                pid_file=p.pid_file(proc),
+                env=python_first_path(),
+            )
+            started.append(proc)
+        return started
+
+    def wait_ready(self, record: ClusterRecord, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Block until the controller answers, or raise with its log tail."""
+        deadline = time.monotonic() + timeout_s
+        with TrainpodClient(record.url, read_secret(self.paths.admin_token), timeout_s=2) as c:
+            while True:
+                try:
+                    c.cluster()
+                    return
+                except ControllerUnavailable:
+                    pid = read_pid(self.paths.pid_file(CONTROLLER))
+                    dead = not is_ours(pid, str(self.paths.state_dir))
+                    if dead or time.monotonic() > deadline:
+                        log = self.paths.log_file(CONTROLLER)
+                        tail = log.read_text()[-2000:] if log.exists() else ""
+                        why = "exited" if dead else f"did not answer in {timeout_s:g}s"
+                        raise Fatal(
+                            f"the controller {why}; its log ({log}) ends with:\n{tail}"
+                        ) from None
+                    time.sleep(0.05)
+
+    # -- stop / delete --------------------------------------------------------------------
+    def stop(self) -> list[str]:
+        p = self.paths
+        marker = str(p.state_dir)
+        record = self._record()
+        grace = float(record.spec.get("recovery", {}).get("teardown_grace_s", 5.0))
+        stopped: list[str] = []
+        agents = {f"agent-{n}": read_pid(p.pid_file(f"agent-{n}")) for n in self._nodes(record)}
+        live = {name: pid for name, pid in agents.items() if is_ours(pid, marker)}
+        terminate([pid for pid in live.values() if pid], marker, grace_s=grace + 5.0)
+        stopped.extend(live)
+        pid = read_pid(p.pid_file(CONTROLLER))
+        if is_ours(pid, marker):
+            assert pid is not None
+            terminate([pid], marker, grace_s=5.0)
+            stopped.append(CONTROLLER)
+        return stopped
+
+    def delete(self, *, purge: bool) -> None:
+        record = self._record()
+        self.stop()
+        shutil.rmtree(record.scratch_root, ignore_errors=True)
+        if purge:
+            shutil.rmtree(record.shared_dir, ignore_errors=True)
+        shutil.rmtree(self.paths.state_dir, ignore_errors=True)
+
+    def processes(self) -> list[ProcessStatus]:
+        p = self.paths
+        marker = str(p.state_dir)
+        record = self._record()
+        out = []
+        pid = read_pid(p.pid_file(CONTROLLER))
+        out.append(ProcessStatus(CONTROLLER, pid, is_ours(pid, marker), p.log_file(CONTROLLER)))
+        for node in self._nodes(record):
+            pid = read_pid(p.pid_file(f"agent-{node}"))
+            log = p.node_dir(node) / "agent.log"
+            out.append(ProcessStatus(f"agent-{node}", pid, is_ours(pid, marker), log))
+        return out

@@ -1,0 +1,86 @@
+"""Starting daemons in the background and stopping exactly those, by pid file.
+
+A pid is trusted only while the process behind it still has our state dir on its command
+line, so a recycled pid is never signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+_children: list[subprocess.Popen[bytes]] = []
+
+
+def _reap() -> None:
+    """Collect exited children so they do not linger as zombies in a long-lived caller."""
+    for p in list(_children):
+        if p.poll() is not None:
+            _children.remove(p)
+
+
+def spawn(argv: list[str], *, log: Path, pid_file: Path, env: dict[str, str] | None = None) -> int:
+    """Start ``argv`` in its own session, output appended to ``log``; record its pid."""
+    _reap()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
+    _children.append(proc)
+    pid_file.write_text(str(proc.pid))
+    return proc.pid
+
+
+def read_pid(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def is_ours(pid: int | None, marker: str) -> bool:
+    """True when ``pid`` is alive (not a zombie) and ``marker`` is on its command line."""
+    _reap()
+    if pid is None:
+        return False
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return any(marker in part for part in p.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def terminate(pids: list[int], marker: str, *, grace_s: float) -> None:
+    """SIGTERM each of our pids, wait up to ``grace_s``, then SIGKILL the rest."""
+    ours = [p for p in pids if is_ours(p, marker)]
+    for pid in ours:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(is_ours(p, marker) for p in ours):
+        time.sleep(0.05)
+    for pid in ours:
+        if is_ours(pid, marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(is_ours(p, marker) for p in ours):
+        time.sleep(0.05)

@@ -1,0 +1,158 @@
+"""``trainpod cluster ...``: validate, create, list, describe, start, stop, delete."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+
+from trainpod.api.models import NodeInfo
+from trainpod.backends.base import backend_for
+from trainpod.cli.context import client_for, cluster_names, resolve_cluster, set_current
+from trainpod.cli.render import console, nodes_table
+from trainpod.client.http import TrainpodClient
+from trainpod.errors import ControllerUnavailable, Fatal
+from trainpod.paths import ClusterPaths, ClusterRecord
+from trainpod.spec.loading import load_cluster_spec
+
+app = typer.Typer(help="Create and manage clusters.", no_args_is_help=True)
+
+SPEC_OPT = typer.Option(..., "-f", "--file", help="cluster spec (YAML)", exists=False)
+_SETTLED = {"idle", "failed", "allocated", "suspect", "quarantined", "retired"}
+
+
+@app.command()
+def validate(file: Path = SPEC_OPT) -> None:
+    """Check a cluster spec without creating anything."""
+    spec = load_cluster_spec(file)
+    nodes = spec.node_names()
+    console.print(
+        f"[green]ok[/]: {file} describes cluster [bold]{spec.name}[/] "
+        f"({spec.backend}) with {len(nodes)} nodes: {', '.join(n for n, _ in nodes)}"
+    )
+
+
+def wait_for_nodes(client: TrainpodClient, timeout_s: float) -> list[NodeInfo]:
+    """Poll until every node has left provisioning/setting_up, or the timeout passes."""
+    deadline = time.monotonic() + timeout_s
+    shown: dict[str, str] = {}
+    while True:
+        nodes = client.nodes()
+        for n in nodes:
+            if shown.get(n.name) != n.state:
+                shown[n.name] = n.state
+                console.print(f"  {n.name:<14} {n.state}")
+        if all(n.state in _SETTLED for n in nodes) or time.monotonic() > deadline:
+            return nodes
+        time.sleep(0.2)
+
+
+@app.command()
+def create(
+    file: Path = SPEC_OPT,
+    wait: bool = typer.Option(True, help="wait for nodes to finish their lifecycle scripts"),
+    timeout_s: float = typer.Option(600.0, "--timeout-s", help="how long to wait for nodes"),
+) -> None:
+    """Create a cluster from a spec and start its controller and node agents."""
+    spec = load_cluster_spec(file)
+    paths = ClusterPaths.of(spec.name)
+    backend = backend_for(spec.backend, paths)
+    record = backend.create(spec, file.absolute())
+    set_current(spec.name)
+    console.print(f"cluster [bold]{spec.name}[/] created; controller at {record.url}")
+    console.print(f"  state dir: {paths.state_dir}\n  shared dir: {record.shared_dir}")
+    if not wait:
+        return
+    with TrainpodClient(record.url, paths.admin_token.read_text().strip()) as client:
+        nodes = wait_for_nodes(client, timeout_s)
+    failed = [n for n in nodes if n.state == "failed"]
+    for n in failed:
+        console.print(f"[red]node {n.name} failed[/]: {n.reason}")
+    if failed:
+        raise Fatal(f"{len(failed)} node(s) failed to set up; see `trainpod cluster describe`")
+    console.print("[green]ready[/]")
+
+
+@app.command("list")
+def list_() -> None:
+    """List the clusters on this machine."""
+    for name in cluster_names():
+        paths = ClusterPaths.of(name)
+        record = ClusterRecord.load(paths)
+        procs = backend_for(record.backend, paths).processes()
+        up = sum(p.alive for p in procs)
+        console.print(f"{name:<20} {record.backend:<6} {record.url:<24} {up}/{len(procs)} up")
+
+
+@app.command()
+def describe(
+    name: str = typer.Argument(None, help="cluster name (default: the current one)"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Show a cluster's processes, nodes and why any node failed."""
+    paths = resolve_cluster(name)
+    record = ClusterRecord.load(paths)
+    procs = backend_for(record.backend, paths).processes()
+    try:
+        with client_for(paths.name) as client:
+            info, nodes = client.cluster(), client.nodes()
+    except ControllerUnavailable:
+        info, nodes = None, []
+    if as_json:
+        doc = {
+            "record": record.model_dump(mode="json"),
+            "processes": [{"name": p.name, "pid": p.pid, "alive": p.alive} for p in procs],
+            "cluster": info.model_dump(mode="json") if info else None,
+            "nodes": [n.model_dump(mode="json") for n in nodes],
+        }
+        console.print_json(json.dumps(doc))
+        return
+    console.print(f"[bold]{record.name}[/] ({record.backend}) controller {record.url}")
+    console.print(f"  state dir   {paths.state_dir}")
+    console.print(f"  shared dir  {record.shared_dir}")
+    console.print(f"  scratch     {record.scratch_root}")
+    console.print(f"  checkpoints {record.checkpoint_uri}")
+    for p in procs:
+        mark = "[green]up[/]" if p.alive else "[red]down[/]"
+        console.print(f"  {p.name:<22} {mark} pid {p.pid or '-'}  log {p.log}")
+    if info is None:
+        console.print("[yellow]controller unreachable[/]: `trainpod cluster start` restarts it")
+        return
+    console.print(f"  partitions  {info.partitions}")
+    console.print(nodes_table(nodes))
+    for n in nodes:
+        if n.state == "failed":
+            console.print(f"\n[red]{n.name} failed[/]: {n.reason}")
+
+
+@app.command()
+def start(name: str = typer.Argument(None)) -> None:
+    """Start whatever of a stopped cluster is not running (state is kept)."""
+    paths = resolve_cluster(name)
+    record = ClusterRecord.load(paths)
+    started = backend_for(record.backend, paths).start()
+    console.print(f"started: {', '.join(started) or 'nothing (all running)'}")
+
+
+@app.command()
+def stop(name: str = typer.Argument(None)) -> None:
+    """Stop the cluster's processes (running jobs' workers are stopped too)."""
+    paths = resolve_cluster(name)
+    record = ClusterRecord.load(paths)
+    stopped = backend_for(record.backend, paths).stop()
+    console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+
+@app.command()
+def delete(
+    name: str = typer.Argument(..., help="cluster name"),
+    purge: bool = typer.Option(False, help="also delete the shared dir"),
+) -> None:
+    """Stop a cluster and remove its state; the shared dir stays unless --purge."""
+    paths = ClusterPaths.of(name)
+    record = ClusterRecord.load(paths)
+    backend_for(record.backend, paths).delete(purge=purge)
+    kept = "" if purge else f"; shared dir kept at {record.shared_dir}"
+    console.print(f"cluster {name} deleted{kept}")

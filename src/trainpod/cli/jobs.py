@@ -1,0 +1,219 @@
+"""Job commands: submit, jobs, show, logs, cancel, events."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from trainpod.api.models import JobInfo
+from trainpod.backends.local import python_first_path
+from trainpod.cli.context import client_for
+from trainpod.cli.render import console, duration, jobs_table, styled
+from trainpod.client.http import TrainpodClient
+from trainpod.errors import SpecError
+from trainpod.spec.job import JobSpec
+
+CLUSTER_OPT = typer.Option(None, "--cluster", "-c", help="cluster name (default: current)")
+_ENDED = {"completed", "failed", "cancelled"}
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SpecError(f"--env expects KEY=VALUE; got {pair!r}")
+        env[key] = value
+    return env
+
+
+def default_env() -> dict[str, str]:
+    """What a job inherits from the submitting shell: PATH, with this Python's bin first.
+
+    So ``python`` in a job is the interpreter trainpod runs in, as with an activated venv.
+    """
+    env = python_first_path()
+    if "VIRTUAL_ENV" in os.environ:
+        env["VIRTUAL_ENV"] = os.environ["VIRTUAL_ENV"]
+    return env
+
+
+def submit(
+    command: list[str] = typer.Argument(..., help="the command, after --"),
+    nodes: int = typer.Option(1, "--nodes", "-N"),
+    procs_per_node: int = typer.Option(None, "--procs-per-node", "-p"),
+    partition: str = typer.Option(None, "--partition"),
+    name: str = typer.Option("", "--name"),
+    env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE, repeatable"),
+    workdir: Path = typer.Option(None, "--workdir", help="default: the current directory"),
+    auto_resume: bool = typer.Option(False, "--auto-resume"),
+    max_restarts: int = typer.Option(None, "--max-restarts"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="show the launch plan; submit nothing"),
+    wait: bool = typer.Option(False, "--wait", help="follow rank 0's log until the job ends"),
+    as_json: bool = typer.Option(False, "--json"),
+    cluster: str = CLUSTER_OPT,
+) -> None:
+    """Submit a job: trainpod submit -N 2 -- python train.py --steps 100"""
+    spec = JobSpec(
+        command=command,
+        name=name,
+        nodes=nodes,
+        procs_per_node=procs_per_node,
+        partition=partition,
+        env={**default_env(), **parse_env(env)},
+        workdir=str((workdir or Path.cwd()).absolute()),
+        user=getpass.getuser(),
+        auto_resume=auto_resume,
+        max_restarts=max_restarts,
+    )
+    with client_for(cluster) as client:
+        if dry_run:
+            plan = client.plan(spec)
+            console.print_json(plan.model_dump_json())
+            return
+        job = client.submit(spec)
+        if as_json:
+            console.print_json(job.model_dump_json())
+        else:
+            console.print(f"submitted job {job.id} ({job.name})")
+        if wait:
+            follow(client, job.id, rank=0)
+            final = client.job(job.id)
+            console.print(f"job {final.id} {styled(final.state)} {final.reason}")
+            if final.state != "completed":
+                raise typer.Exit(1)
+
+
+def jobs(
+    all_: bool = typer.Option(False, "--all", "-a", help="include ended jobs"),
+    as_json: bool = typer.Option(False, "--json"),
+    cluster: str = CLUSTER_OPT,
+) -> None:
+    """List jobs (like squeue)."""
+    with client_for(cluster) as client:
+        items = client.jobs(include_ended=all_)
+    if as_json:
+        console.print_json(json.dumps([j.model_dump(mode="json") for j in items]))
+    else:
+        console.print(jobs_table(items))
+
+
+def show(
+    job_id: int = typer.Argument(...),
+    as_json: bool = typer.Option(False, "--json"),
+    cluster: str = CLUSTER_OPT,
+) -> None:
+    """Show a job, its attempts and ranks."""
+    with client_for(cluster) as client:
+        job = client.job(job_id)
+    if as_json:
+        console.print_json(job.model_dump_json())
+        return
+    print_job(job)
+
+
+def print_job(job: JobInfo) -> None:
+    s = job.spec
+    console.print(f"[bold]job {job.id}[/] {job.name}  {styled(job.state)}")
+    console.print(f"  command    {' '.join(s.command)}")
+    console.print(
+        f"  shape      {s.nodes} nodes x {s.procs_per_node} procs, partition {s.partition}"
+    )
+    console.print(f"  workdir    {s.workdir}")
+    console.print(f"  runtime    {duration(job.started_at, job.ended_at)}")
+    if job.reason:
+        console.print(f"  reason     {job.reason}")
+    for a in job.attempts:
+        cause = f" ({a.cause})" if a.cause else ""
+        console.print(
+            f"  attempt {a.number}: {styled(a.state)}{cause} on {','.join(a.nodes)} "
+            f"master {a.master_addr}:{a.master_port}"
+        )
+        for r in a.ranks:
+            how = f"exit {r.exit_code}" if r.signal is None else f"signal {r.signal}"
+            how = how if r.state == "exited" else r.state
+            console.print(
+                f"    rank {r.rank:<3} {r.node:<12} local {r.local_rank} pid {r.pid} {how}"
+            )
+
+
+def follow(client: TrainpodClient, job_id: int, *, rank: int, attempt: int | None = None) -> None:
+    """Print a rank's log as it grows, across attempts, until the job ends."""
+    offset, current = 0, attempt
+    while True:
+        chunk = client.logs(job_id, rank=rank, attempt=current, offset=offset)
+        if chunk.attempt and current is None:
+            current = chunk.attempt
+        if chunk.data:
+            sys.stdout.write(chunk.data)
+            sys.stdout.flush()
+            offset = chunk.offset
+            continue
+        if chunk.job_ended:
+            return
+        latest = client.logs(job_id, rank=rank, offset=0).attempt
+        if attempt is None and latest and current and latest != current:
+            current, offset = latest, 0
+            console.print(f"--- attempt {latest} ---")
+        time.sleep(0.3)
+
+
+def logs(
+    job_id: int = typer.Argument(...),
+    rank: int = typer.Option(0, "--rank", "-r"),
+    attempt: int = typer.Option(None, "--attempt", help="default: the latest"),
+    follow_: bool = typer.Option(False, "-f", "--follow"),
+    cluster: str = CLUSTER_OPT,
+) -> None:
+    """Print a rank's log; -f follows it until the job ends."""
+    with client_for(cluster) as client:
+        if follow_:
+            follow(client, job_id, rank=rank, attempt=attempt)
+            return
+        offset = 0
+        while True:
+            chunk = client.logs(job_id, rank=rank, attempt=attempt, offset=offset)
+            if not chunk.data:
+                return
+            sys.stdout.write(chunk.data)
+            offset = chunk.offset
+
+
+def cancel(job_id: int = typer.Argument(...), cluster: str = CLUSTER_OPT) -> None:
+    """Cancel a job: queued jobs end at once, running ones are torn down."""
+    with client_for(cluster) as client:
+        job = client.cancel(job_id)
+    console.print(f"job {job.id}: {styled(job.state)}")
+
+
+def events(
+    job: int = typer.Option(None, "--job", "-j"),
+    node: str = typer.Option(None, "--node"),
+    as_json: bool = typer.Option(False, "--json"),
+    cluster: str = CLUSTER_OPT,
+) -> None:
+    """The event log: every state change of nodes, jobs and attempts."""
+    with client_for(cluster) as client:
+        items = client.events(job_id=job, node=node)
+    if as_json:
+        console.print_json(json.dumps([e.model_dump(mode="json") for e in items]))
+        return
+    for e in items:
+        when = time.strftime("%H:%M:%S", time.localtime(e.ts)) + f".{int(e.ts * 1000) % 1000:03d}"
+        who = " ".join(
+            x
+            for x in (
+                e.node or "",
+                f"job {e.job_id}" if e.job_id else "",
+                f"attempt {e.attempt}" if e.attempt else "",
+            )
+            if x
+        )
+        data = " ".join(f"{k}={v}" for k, v in e.data.items() if k != "log_tail")
+        print(f"{when} {e.kind:<18} {who:<28} {data}")

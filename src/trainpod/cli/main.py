@@ -1,0 +1,53 @@
+"""The ``trainpod`` command."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from trainpod.cli import cluster, jobs, nodes
+from trainpod.cli.render import err_console
+from trainpod.errors import Retryable, TrainpodError
+
+app = typer.Typer(
+    help="trainpod: a self-hosted, self-healing training cluster.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(cluster.app, name="cluster")
+app.command("nodes")(nodes.nodes)
+app.command(
+    "submit",
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+)(jobs.submit)
+app.command("jobs")(jobs.jobs)
+app.command("show")(jobs.show)
+app.command("logs")(jobs.logs)
+app.command("cancel")(jobs.cancel)
+app.command("events")(jobs.events)
+
+
+@app.command("demo")
+def demo(
+    keep: bool = typer.Option(False, "--keep", help="leave the demo cluster running afterwards"),
+    steps: int = typer.Option(200, "--steps", help="training steps"),
+) -> None:
+    """Create a local cluster, train the GPT example across 2 nodes, show what happened."""
+    from trainpod.cli.demo import run_demo
+
+    run_demo(keep=keep, steps=steps)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app()
+    except TrainpodError as exc:
+        err_console.print(f"[red]error:[/] {exc}", markup=True, soft_wrap=True)
+        raise SystemExit(75 if isinstance(exc, Retryable) else 2) from None
+
+
+if __name__ == "__main__":
+    main()

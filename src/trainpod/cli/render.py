@@ -1,0 +1,100 @@
+"""Turning API objects into tables and lines for people."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from trainpod.api.models import JobInfo, NodeInfo
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+_STATE_STYLE = {
+    "idle": "green",
+    "allocated": "cyan",
+    "running": "cyan",
+    "completed": "green",
+    "failed": "red",
+    "cancelled": "yellow",
+    "suspect": "yellow",
+    "queued": "white",
+    "starting": "cyan",
+    "stopping": "yellow",
+    "setting_up": "blue",
+    "provisioning": "blue",
+}
+
+
+def styled(state: str) -> str:
+    style = _STATE_STYLE.get(state)
+    return f"[{style}]{state}[/]" if style else state
+
+
+def ago(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    d = max(0.0, time.time() - ts)
+    if d < 60:
+        return f"{d:.0f}s ago"
+    if d < 3600:
+        return f"{d / 60:.0f}m ago"
+    return f"{d / 3600:.1f}h ago"
+
+
+def duration(start: float | None, end: float | None) -> str:
+    if start is None:
+        return "-"
+    d = (end or time.time()) - start
+    return f"{d:.1f}s" if d < 120 else f"{d / 60:.1f}m"
+
+
+def devices(n: NodeInfo) -> str:
+    facts = n.facts.get("devices") or {}
+    if not n.devices:
+        return "-"
+    if facts.get("kind") == "cuda":
+        return f"{n.devices} gpu"
+    return f"{n.devices} cpu-sim"
+
+
+def nodes_table(nodes: list[NodeInfo]) -> Table:
+    t = Table(box=None, pad_edge=False)
+    for col in ("NODE", "GROUP", "ROLE", "STATE", "JOB", "DEVICES", "HEARTBEAT", "REASON"):
+        t.add_column(col)
+    for n in nodes:
+        role = n.role + (" (spare)" if n.spare else "")
+        reason = n.reason.splitlines()[0] if n.reason else ""
+        t.add_row(
+            n.name,
+            n.group,
+            role,
+            styled(n.state),
+            str(n.job_id or "-"),
+            devices(n),
+            ago(n.last_heartbeat),
+            reason,
+        )
+    return t
+
+
+def jobs_table(jobs: list[JobInfo]) -> Table:
+    t = Table(box=None, pad_edge=False)
+    for col in ("JOB", "NAME", "USER", "STATE", "NODES", "ATTEMPT", "TIME", "NODELIST/REASON"):
+        t.add_column(col)
+    for j in jobs:
+        last = j.attempts[-1] if j.attempts else None
+        where = ",".join(last.nodes) if last and not j.reason else j.reason.splitlines()[0:1]
+        t.add_row(
+            str(j.id),
+            j.name,
+            j.spec.user or "-",
+            styled(j.state),
+            f"{j.spec.nodes}x{j.spec.procs_per_node}",
+            str(last.number if last else "-"),
+            duration(j.started_at, j.ended_at),
+            where if isinstance(where, str) else "".join(where),
+        )
+    return t

@@ -1,0 +1,42 @@
+"""What the controller needs to know about its cluster, decoupled from the YAML spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class NodeDecl:
+    """A node the cluster is made of, as the spec declares it."""
+
+    name: str
+    group: str
+    role: str
+    spare: bool
+    devices: int
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    cluster: str
+    backend: str
+    nodes: list[NodeDecl]
+    partitions: dict[str, list[str]]  # partition -> group names
+    default_partition: str
+    jobs_dir: Path  # per-rank logs live under jobs_dir/<job>/attempt-<n>/
+    shared_dir: Path
+    scratch_root: Path
+    checkpoint_uri: str
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 10.0
+    teardown_grace_s: float = 5.0
+    max_restarts: int = 3
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def checkpoint_for(self, job_id: int) -> tuple[str, str | None]:
+        """The job's checkpoint URI and, when it is a local path, that path."""
+        uri = f"{self.checkpoint_uri.rstrip('/')}/job-{job_id}"
+        if uri.startswith("file://"):
+            return uri, uri[len("file://") :]
+        return uri, None

@@ -1,0 +1,95 @@
+"""Deciding what an attempt's rank states mean: a pure function, stepped by tests.
+
+An attempt succeeds when every rank exited 0. When any rank fails (non-zero exit, a
+signal, or lost with its node) the attempt goes to ``stopping`` and every other rank is
+torn down; once all have ended it is ``failed``. A cancel request takes the same path and
+ends ``cancelled``. Whether a failed attempt is retried is the recovery policy's call, not
+this module's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainpod.controller.states import AttemptState, RankState
+from trainpod.store.rows import AttemptRow, RankRow
+
+CAUSE_CANCEL = "cancelled"
+CAUSE_RANK_FAILED = "rank_failed"
+CAUSE_NODE_LOST = "node_lost"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: AttemptState
+    cause: str = ""
+    failure: dict[str, Any] = field(default_factory=dict)
+
+
+def first_failure(ranks: Sequence[RankRow], tails: dict[int, str]) -> dict[str, Any] | None:
+    """The earliest failed rank, as a failure record, or None."""
+    failed = [r for r in ranks if r.failed]
+    if not failed:
+        return None
+    r = min(failed, key=lambda x: (x.ended_at or float("inf"), x.rank))
+    return {
+        "rank": r.rank,
+        "node": r.node,
+        "exit_code": r.exit_code,
+        "signal": r.signal,
+        "lost": r.state is RankState.LOST,
+        "log_tail": tails.get(r.rank, ""),
+    }
+
+
+def judge(
+    attempt: AttemptRow,
+    ranks: Sequence[RankRow],
+    *,
+    cancel_requested: bool,
+    tails: dict[int, str] | None = None,
+) -> Verdict | None:
+    """The attempt's next state, or None when it stays as it is."""
+    if attempt.state.ended:
+        return None
+    tails = tails or {}
+    all_ended = all(r.state.ended for r in ranks)
+    failure = first_failure(ranks, tails)
+
+    if attempt.state is AttemptState.STOPPING:
+        if not all_ended:
+            return None
+        if attempt.cause == CAUSE_CANCEL:
+            return Verdict(AttemptState.CANCELLED, CAUSE_CANCEL, attempt.failure)
+        return Verdict(AttemptState.FAILED, attempt.cause, attempt.failure)
+
+    if cancel_requested:
+        if all_ended:
+            return Verdict(AttemptState.CANCELLED, CAUSE_CANCEL)
+        return Verdict(AttemptState.STOPPING, CAUSE_CANCEL)
+    if failure is not None:
+        cause = CAUSE_NODE_LOST if failure["lost"] else CAUSE_RANK_FAILED
+        if all_ended:
+            return Verdict(AttemptState.FAILED, cause, failure)
+        return Verdict(AttemptState.STOPPING, cause, failure)
+    if all_ended:
+        return Verdict(AttemptState.SUCCEEDED)
+    if attempt.state is AttemptState.LAUNCHING and all(
+        r.state is not RankState.PENDING for r in ranks
+    ):
+        return Verdict(AttemptState.RUNNING)
+    return None
+
+
+def describe_failure(failure: dict[str, Any]) -> str:
+    """One line for humans: which rank failed where, and how."""
+    if not failure:
+        return ""
+    where = f"rank {failure['rank']} on {failure['node']}"
+    if failure.get("lost"):
+        return f"{where} was lost with its node"
+    if failure.get("signal") is not None:
+        return f"{where} was killed by signal {failure['signal']}"
+    return f"{where} exited with code {failure['exit_code']}"

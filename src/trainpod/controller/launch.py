@@ -1,0 +1,110 @@
+"""Turning an attempt into per-node launch orders with torchrun's environment contract."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainpod.api.models import LaunchOrder, RankSlot
+from trainpod.controller.config import ControllerConfig
+from trainpod.spec.job import JobSpec
+
+
+def attempt_log_dir(cfg: ControllerConfig, job_id: int, attempt_number: int) -> Path:
+    return cfg.jobs_dir / str(job_id) / f"attempt-{attempt_number}"
+
+
+def rank_log_path(cfg: ControllerConfig, job_id: int, attempt_number: int, rank: int) -> Path:
+    return attempt_log_dir(cfg, job_id, attempt_number) / f"rank-{rank}.log"
+
+
+def node_env(
+    cfg: ControllerConfig,
+    *,
+    job_id: int,
+    spec: JobSpec,
+    attempt_number: int,
+    nodes: list[str],
+    node_index: int,
+    procs_per_node: int,
+    master_addr: str,
+    master_port: int,
+    restart_reason: str = "",
+) -> dict[str, str]:
+    """The environment common to every rank on one node (RANK and LOCAL_RANK are per rank).
+
+    The job's own ``env`` comes first, so the contract variables always win.
+    """
+    nnodes = len(nodes)
+    ckpt_uri, ckpt_dir = cfg.checkpoint_for(job_id)
+    env = dict(spec.env)
+    env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does when it starts several ranks
+    env.update(
+        {
+            "WORLD_SIZE": str(nnodes * procs_per_node),
+            "LOCAL_WORLD_SIZE": str(procs_per_node),
+            "GROUP_RANK": str(node_index),
+            "NODE_RANK": str(node_index),
+            "GROUP_WORLD_SIZE": str(nnodes),
+            "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": str(nnodes * procs_per_node),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+            "TORCHELASTIC_RUN_ID": f"{cfg.cluster}-job-{job_id}",
+            "TORCHELASTIC_RESTART_COUNT": str(attempt_number - 1),
+            "TORCHELASTIC_MAX_RESTARTS": str(
+                spec.max_restarts if spec.max_restarts is not None else cfg.max_restarts
+            ),
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TRAINPOD_CLUSTER": cfg.cluster,
+            "TRAINPOD_JOB_ID": str(job_id),
+            "TRAINPOD_JOB_NAME": spec.display_name(),
+            "TRAINPOD_ATTEMPT": str(attempt_number),
+            "TRAINPOD_RESTART_REASON": restart_reason,
+            "TRAINPOD_NNODES": str(nnodes),
+            "TRAINPOD_NODES": ",".join(nodes),
+            "TRAINPOD_SHARED_DIR": str(cfg.shared_dir),
+            "TRAINPOD_CHECKPOINT_URI": ckpt_uri,
+        }
+    )
+    if ckpt_dir is not None:
+        env["TRAINPOD_CHECKPOINT_DIR"] = ckpt_dir
+    return env
+
+
+def launch_order(
+    cfg: ControllerConfig,
+    *,
+    job_id: int,
+    attempt_id: int,
+    spec: JobSpec,
+    attempt_number: int,
+    nodes: list[str],
+    node_index: int,
+    procs_per_node: int,
+    master_addr: str,
+    master_port: int,
+    restart_reason: str = "",
+) -> LaunchOrder:
+    env = node_env(
+        cfg,
+        job_id=job_id,
+        spec=spec,
+        attempt_number=attempt_number,
+        nodes=nodes,
+        node_index=node_index,
+        procs_per_node=procs_per_node,
+        master_addr=master_addr,
+        master_port=master_port,
+        restart_reason=restart_reason,
+    )
+    first = node_index * procs_per_node
+    return LaunchOrder(
+        attempt_id=attempt_id,
+        job_id=job_id,
+        attempt_number=attempt_number,
+        argv=list(spec.command),
+        workdir=spec.workdir or str(cfg.shared_dir),
+        env=env,
+        ranks=[RankSlot(rank=first + i, local_rank=i) for i in range(procs_per_node)],
+        log_dir=str(attempt_log_dir(cfg, job_id, attempt_number)),
+    )

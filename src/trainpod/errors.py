@@ -1,0 +1,36 @@
+"""The one exception hierarchy of trainpod.
+
+Every error a user can meet derives from :class:`TrainpodError`. A message says what was
+received and what to do about it. ``Retryable`` errors may succeed if tried again later
+(a controller that is restarting); ``Fatal`` ones will not (bad input).
+"""
+
+from __future__ import annotations
+
+
+class TrainpodError(Exception):
+    """Root of all trainpod errors."""
+
+
+class Retryable(TrainpodError):
+    """The operation may succeed if tried again later."""
+
+
+class Fatal(TrainpodError):
+    """The operation will not succeed without a change by the user."""
+
+
+class SpecError(Fatal):
+    """A cluster or job spec is invalid. The message names the file, key path and fix."""
+
+
+class NotFound(Fatal):
+    """A named cluster, node or job does not exist."""
+
+
+class Conflict(Fatal):
+    """The request conflicts with the current state (a name in use, a job already ended)."""
+
+
+class ControllerUnavailable(Retryable):
+    """The controller could not be reached."""

@@ -1,0 +1,57 @@
+"""The job spec: what a user submits."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_RESERVED_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
+
+
+class JobSpec(BaseModel):
+    """A job as submitted: the command, its shape and its environment."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: list[str] = Field(
+        min_length=1, description="argv of every worker; run directly, never through a shell"
+    )
+    name: str = Field(default="", max_length=80, description="display name; default: argv[0..1]")
+    nodes: int = Field(default=1, ge=1, le=1024, description="nodes allocated as one gang")
+    procs_per_node: int | None = Field(
+        default=None, ge=1, le=256, description="ranks per node; None = the node's device count"
+    )
+    partition: str | None = Field(default=None, description="None = the default partition")
+    env: dict[str, str] = Field(default_factory=dict, description="extra worker environment")
+    workdir: str | None = Field(default=None, description="worker cwd; None = submitter's cwd")
+    user: str = Field(default="", description="who submitted it")
+    auto_resume: bool = Field(default=False, description="restart automatically after a fault")
+    max_restarts: int | None = Field(
+        default=None, ge=0, description="None = the cluster's recovery.max_restarts"
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _no_contract_override(cls, env: dict[str, str]) -> dict[str, str]:
+        clash = sorted(set(env) & set(_RESERVED_ENV))
+        if clash:
+            raise ValueError(
+                f"--env may not set {', '.join(clash)}: trainpod sets these for every rank "
+                "(the torchrun contract); remove them"
+            )
+        return env
+
+    def display_name(self) -> str:
+        if self.name:
+            return self.name
+        parts = [p.rsplit("/", 1)[-1] for p in self.command[:2]]
+        return " ".join(parts)[:80]

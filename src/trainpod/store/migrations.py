@@ -1,0 +1,86 @@
+"""Versioned schema migrations for the controller's SQLite store.
+
+Each entry of :data:`MIGRATIONS` moves the schema from version ``i`` to ``i + 1``; the
+current version lives in ``PRAGMA user_version``. Migrations only ever append: an
+existing entry is never edited once released.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[str] = [
+    # 1: nodes, jobs, attempts, ranks and the append-only event log
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE nodes (
+        name TEXT PRIMARY KEY,
+        grp TEXT NOT NULL,
+        role TEXT NOT NULL,
+        spare INTEGER NOT NULL,
+        devices INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        job_id INTEGER,
+        address TEXT,
+        agent_id TEXT,
+        agent_pid INTEGER,
+        last_heartbeat REAL,
+        facts TEXT NOT NULL DEFAULT '{}',
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        name TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        submitted_at REAL NOT NULL,
+        started_at REAL,
+        ended_at REAL,
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        updated_at REAL NOT NULL
+    );
+    CREATE INDEX jobs_state ON jobs(state);
+    CREATE TABLE attempts (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id INTEGER NOT NULL REFERENCES jobs(id),
+        number INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        nodes TEXT NOT NULL,
+        master_addr TEXT NOT NULL,
+        master_port INTEGER NOT NULL,
+        created_at REAL NOT NULL,
+        started_at REAL,
+        ended_at REAL,
+        cause TEXT NOT NULL DEFAULT '',
+        failure TEXT NOT NULL DEFAULT '{}',
+        UNIQUE (job_id, number)
+    );
+    CREATE TABLE ranks (
+        attempt_id INTEGER NOT NULL REFERENCES attempts(id),
+        rank INTEGER NOT NULL,
+        node TEXT NOT NULL,
+        local_rank INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        pid INTEGER,
+        exit_code INTEGER,
+        signal INTEGER,
+        started_at REAL,
+        ended_at REAL,
+        PRIMARY KEY (attempt_id, rank)
+    );
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts REAL NOT NULL,
+        kind TEXT NOT NULL,
+        node TEXT,
+        job_id INTEGER,
+        attempt INTEGER,
+        data TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX events_job ON events(job_id);
+    CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+        BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+    CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+        BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+    """,
+]

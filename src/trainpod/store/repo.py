@@ -1,0 +1,277 @@
+"""The controller's repository: every read and write of SQLite goes through :class:`Store`.
+
+Writes happen inside :meth:`Store.transaction`; a state change and the event that records
+it are committed together or not at all, so a ``kill -9`` at any instant loses neither.
+The store is not thread-safe by itself: the controller serialises access with its lock.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from trainpod.controller.states import AttemptState, JobState, NodeState, RankState
+from trainpod.store.db import open_db
+from trainpod.store.rows import AttemptRow, EventRow, JobRow, NodeRow, RankRow
+
+_NODE_COLUMNS = {
+    "state",
+    "reason",
+    "job_id",
+    "address",
+    "agent_id",
+    "agent_pid",
+    "last_heartbeat",
+    "facts",
+    "devices",
+}
+_JOB_COLUMNS = {"state", "reason", "started_at", "ended_at", "cancel_requested"}
+_ATTEMPT_COLUMNS = {"state", "started_at", "ended_at", "cause", "failure"}
+_RANK_COLUMNS = {"state", "pid", "exit_code", "signal", "started_at", "ended_at"}
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    if isinstance(value, (NodeState, JobState, AttemptState, RankState)):
+        return value.value
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def _sets(fields: dict[str, Any], allowed: set[str]) -> tuple[str, list[Any]]:
+    unknown = set(fields) - allowed
+    if unknown:
+        raise ValueError(f"cannot update columns {sorted(unknown)}")
+    return ", ".join(f"{k} = ?" for k in fields), [_encode(v) for v in fields.values()]
+
+
+class Store:
+    """Typed access to nodes, jobs, attempts, ranks and events."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._depth = 0
+
+    @classmethod
+    def open(cls, path: Path | str) -> Store:
+        return cls(open_db(path))
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Run the block in one write transaction (nested calls join the outer one)."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self._conn.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        else:
+            self._conn.execute("COMMIT")
+        finally:
+            self._depth = 0
+
+    # -- meta ---------------------------------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._conn.execute(
+            "INSERT INTO meta(key, value) VALUES(?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
+    # -- events -------------------------------------------------------------------------
+    def add_event(
+        self,
+        ts: float,
+        kind: str,
+        *,
+        node: str | None = None,
+        job_id: int | None = None,
+        attempt: int | None = None,
+        **data: Any,
+    ) -> int:
+        cur = self._conn.execute(
+            "INSERT INTO events(ts, kind, node, job_id, attempt, data) VALUES(?,?,?,?,?,?)",
+            (ts, kind, node, job_id, attempt, json.dumps(data, sort_keys=True, default=str)),
+        )
+        return int(cur.lastrowid or 0)
+
+    def events(
+        self,
+        *,
+        job_id: int | None = None,
+        node: str | None = None,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[EventRow]:
+        sql = "SELECT * FROM events WHERE id > ?"
+        args: list[Any] = [after]
+        if job_id is not None:
+            sql += " AND job_id = ?"
+            args.append(job_id)
+        if node is not None:
+            sql += " AND node = ?"
+            args.append(node)
+        sql += " ORDER BY id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return [EventRow.from_sql(r) for r in self._conn.execute(sql, args)]
+
+    # -- nodes --------------------------------------------------------------------------
+    def insert_node(
+        self, name: str, group: str, role: str, spare: bool, devices: int, ts: float
+    ) -> None:
+        self._conn.execute(
+            "INSERT INTO nodes(name, grp, role, spare, devices, state, updated_at) "
+            "VALUES(?,?,?,?,?,?,?)",
+            (name, group, role, int(spare), devices, NodeState.PROVISIONING.value, ts),
+        )
+
+    def node(self, name: str) -> NodeRow | None:
+        r = self._conn.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone()
+        return None if r is None else NodeRow.from_sql(r)
+
+    def nodes(self) -> list[NodeRow]:
+        return [NodeRow.from_sql(r) for r in self._conn.execute("SELECT * FROM nodes")]
+
+    def update_node(self, name: str, ts: float, **fields: Any) -> None:
+        sets, args = _sets(fields, _NODE_COLUMNS)
+        self._conn.execute(
+            f"UPDATE nodes SET {sets}, updated_at = ? WHERE name = ?", [*args, ts, name]
+        )
+
+    def touch_heartbeats(self, ts: float) -> None:
+        """Give every node a fresh heartbeat time (used when the controller restarts)."""
+        self._conn.execute("UPDATE nodes SET last_heartbeat = ?", (ts,))
+
+    # -- jobs ---------------------------------------------------------------------------
+    def insert_job(self, name: str, spec: dict[str, Any], ts: float) -> int:
+        cur = self._conn.execute(
+            "INSERT INTO jobs(name, spec, state, submitted_at, updated_at) VALUES(?,?,?,?,?)",
+            (name, json.dumps(spec, sort_keys=True), JobState.QUEUED.value, ts, ts),
+        )
+        return int(cur.lastrowid or 0)
+
+    def job(self, job_id: int) -> JobRow | None:
+        r = self._conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if r is None else JobRow.from_sql(r)
+
+    def jobs(
+        self, states: Sequence[JobState] | None = None, limit: int | None = None
+    ) -> list[JobRow]:
+        sql = "SELECT * FROM jobs"
+        args: list[Any] = []
+        if states is not None:
+            sql += f" WHERE state IN ({','.join('?' * len(states))})"
+            args.extend(s.value for s in states)
+        sql += " ORDER BY id"
+        if limit is not None:
+            sql = f"SELECT * FROM ({sql} DESC LIMIT ?) ORDER BY id"
+            args.append(limit)
+        return [JobRow.from_sql(r) for r in self._conn.execute(sql, args)]
+
+    def update_job(self, job_id: int, ts: float, **fields: Any) -> None:
+        sets, args = _sets(fields, _JOB_COLUMNS)
+        self._conn.execute(
+            f"UPDATE jobs SET {sets}, updated_at = ? WHERE id = ?", [*args, ts, job_id]
+        )
+
+    # -- attempts and ranks -------------------------------------------------------------
+    def insert_attempt(
+        self,
+        job_id: int,
+        number: int,
+        nodes: list[str],
+        master_addr: str,
+        master_port: int,
+        procs_per_node: int,
+        ts: float,
+    ) -> int:
+        cur = self._conn.execute(
+            "INSERT INTO attempts(job_id, number, state, nodes, master_addr, master_port, "
+            "created_at) VALUES(?,?,?,?,?,?,?)",
+            (
+                job_id,
+                number,
+                AttemptState.LAUNCHING.value,
+                json.dumps(nodes),
+                master_addr,
+                master_port,
+                ts,
+            ),
+        )
+        attempt_id = int(cur.lastrowid or 0)
+        self._conn.executemany(
+            "INSERT INTO ranks(attempt_id, rank, node, local_rank, state) VALUES(?,?,?,?,?)",
+            [
+                (
+                    attempt_id,
+                    group_rank * procs_per_node + local,
+                    node,
+                    local,
+                    RankState.PENDING.value,
+                )
+                for group_rank, node in enumerate(nodes)
+                for local in range(procs_per_node)
+            ],
+        )
+        return attempt_id
+
+    def attempt(self, attempt_id: int) -> AttemptRow | None:
+        r = self._conn.execute("SELECT * FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
+        return None if r is None else AttemptRow.from_sql(r)
+
+    def attempts(self, job_id: int) -> list[AttemptRow]:
+        rows = self._conn.execute(
+            "SELECT * FROM attempts WHERE job_id = ? ORDER BY number", (job_id,)
+        )
+        return [AttemptRow.from_sql(r) for r in rows]
+
+    def active_attempts(self) -> list[AttemptRow]:
+        ended = (
+            AttemptState.SUCCEEDED.value,
+            AttemptState.FAILED.value,
+            AttemptState.CANCELLED.value,
+        )
+        rows = self._conn.execute(
+            "SELECT * FROM attempts WHERE state NOT IN (?,?,?) ORDER BY id", ended
+        )
+        return [AttemptRow.from_sql(r) for r in rows]
+
+    def update_attempt(self, attempt_id: int, **fields: Any) -> None:
+        sets, args = _sets(fields, _ATTEMPT_COLUMNS)
+        self._conn.execute(f"UPDATE attempts SET {sets} WHERE id = ?", [*args, attempt_id])
+
+    def ranks(self, attempt_id: int) -> list[RankRow]:
+        rows = self._conn.execute(
+            "SELECT * FROM ranks WHERE attempt_id = ? ORDER BY rank", (attempt_id,)
+        )
+        return [RankRow.from_sql(r) for r in rows]
+
+    def update_rank(self, attempt_id: int, rank: int, **fields: Any) -> None:
+        sets, args = _sets(fields, _RANK_COLUMNS)
+        self._conn.execute(
+            f"UPDATE ranks SET {sets} WHERE attempt_id = ? AND rank = ?",
+            [*args, attempt_id, rank],
+        )

@@ -1,0 +1,167 @@
+"""Plain records read from the store. The controller never hands out sqlite rows."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainpod.controller.states import AttemptState, JobState, NodeState, RankState
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    name: str
+    group: str
+    role: str
+    spare: bool
+    devices: int
+    state: NodeState
+    reason: str
+    job_id: int | None
+    address: str | None
+    agent_id: str | None
+    agent_pid: int | None
+    last_heartbeat: float | None
+    facts: dict[str, Any]
+    updated_at: float
+
+    @classmethod
+    def from_sql(cls, r: sqlite3.Row) -> NodeRow:
+        return cls(
+            name=r["name"],
+            group=r["grp"],
+            role=r["role"],
+            spare=bool(r["spare"]),
+            devices=r["devices"],
+            state=NodeState(r["state"]),
+            reason=r["reason"],
+            job_id=r["job_id"],
+            address=r["address"],
+            agent_id=r["agent_id"],
+            agent_pid=r["agent_pid"],
+            last_heartbeat=r["last_heartbeat"],
+            facts=json.loads(r["facts"]),
+            updated_at=r["updated_at"],
+        )
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: int
+    name: str
+    spec: dict[str, Any]
+    state: JobState
+    reason: str
+    submitted_at: float
+    started_at: float | None
+    ended_at: float | None
+    cancel_requested: bool
+    updated_at: float
+
+    @classmethod
+    def from_sql(cls, r: sqlite3.Row) -> JobRow:
+        return cls(
+            id=r["id"],
+            name=r["name"],
+            spec=json.loads(r["spec"]),
+            state=JobState(r["state"]),
+            reason=r["reason"],
+            submitted_at=r["submitted_at"],
+            started_at=r["started_at"],
+            ended_at=r["ended_at"],
+            cancel_requested=bool(r["cancel_requested"]),
+            updated_at=r["updated_at"],
+        )
+
+
+@dataclass(frozen=True)
+class RankRow:
+    attempt_id: int
+    rank: int
+    node: str
+    local_rank: int
+    state: RankState
+    pid: int | None
+    exit_code: int | None
+    signal: int | None
+    started_at: float | None
+    ended_at: float | None
+
+    @classmethod
+    def from_sql(cls, r: sqlite3.Row) -> RankRow:
+        return cls(
+            attempt_id=r["attempt_id"],
+            rank=r["rank"],
+            node=r["node"],
+            local_rank=r["local_rank"],
+            state=RankState(r["state"]),
+            pid=r["pid"],
+            exit_code=r["exit_code"],
+            signal=r["signal"],
+            started_at=r["started_at"],
+            ended_at=r["ended_at"],
+        )
+
+    @property
+    def failed(self) -> bool:
+        return self.state is RankState.LOST or (
+            self.state is RankState.EXITED and (self.exit_code != 0 or self.signal is not None)
+        )
+
+
+@dataclass(frozen=True)
+class AttemptRow:
+    id: int
+    job_id: int
+    number: int
+    state: AttemptState
+    nodes: list[str]
+    master_addr: str
+    master_port: int
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    cause: str
+    failure: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_sql(cls, r: sqlite3.Row) -> AttemptRow:
+        return cls(
+            id=r["id"],
+            job_id=r["job_id"],
+            number=r["number"],
+            state=AttemptState(r["state"]),
+            nodes=json.loads(r["nodes"]),
+            master_addr=r["master_addr"],
+            master_port=r["master_port"],
+            created_at=r["created_at"],
+            started_at=r["started_at"],
+            ended_at=r["ended_at"],
+            cause=r["cause"],
+            failure=json.loads(r["failure"]),
+        )
+
+
+@dataclass(frozen=True)
+class EventRow:
+    id: int
+    ts: float
+    kind: str
+    node: str | None
+    job_id: int | None
+    attempt: int | None
+    data: dict[str, Any]
+
+    @classmethod
+    def from_sql(cls, r: sqlite3.Row) -> EventRow:
+        return cls(
+            id=r["id"],
+            ts=r["ts"],
+            kind=r["kind"],
+            node=r["node"],
+            job_id=r["job_id"],
+            attempt=r["attempt"],
+            data=json.loads(r["data"]),
+        )
