@@ -370,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(summary, fh, indent=2)
     log(f"done: steps={final_step} final_loss={loss_val:.4f} val_loss={val_loss:.4f}")
     if distributed:
+        # Every rank leaves together: a rank that tears down Gloo while a peer is still
+        # writing the summary can abort in the transport's destructor.
+        dist.barrier()
         dist.destroy_process_group()
     return 0
 

@@ -31,13 +31,13 @@ app.command("events")(jobs.events)
 
 @app.command("demo")
 def demo(
-    keep: bool = typer.Option(False, "--keep", help="leave the demo cluster running afterwards"),
     steps: int = typer.Option(200, "--steps", help="training steps"),
+    delete_after: bool = typer.Option(False, "--delete-after", help="delete the demo cluster"),
 ) -> None:
     """Create a local cluster, train the GPT example across 2 nodes, show what happened."""
     from trainpod.cli.demo import run_demo
 
-    run_demo(keep=keep, steps=steps)
+    run_demo(steps=steps, delete_after=delete_after)
 
 
 def main() -> None:
