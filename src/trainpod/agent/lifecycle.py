@@ -52,8 +52,13 @@ class LifecycleRunner:
         self._env = env
         self._on_change = on_change
         self._fingerprint = json.dumps([[str(s.path), list(s.args)] for s in scripts])
-        self.results = [LifecycleResult(script=s.path.name, state="pending") for s in self._scripts]
-        self.state: str = "running"
+        done = self.already_done()
+        self.results = [
+            LifecycleResult(script=s.path.name, state="ok" if done else "pending")
+            for s in self._scripts
+        ]
+        # A node that finished its scripts before (a restarted agent) is ready at once.
+        self.state: str = "ok" if done else "running"
 
     def already_done(self) -> bool:
         try:
@@ -66,10 +71,7 @@ class LifecycleRunner:
 
     def run(self) -> None:
         """Run every script (blocking); stop at the first failure."""
-        if self.already_done():
-            self.results = [r.model_copy(update={"state": "ok"}) for r in self.results]
-            self.state = "ok"
-            self._on_change()
+        if self.state == "ok":
             return
         self._marker.unlink(missing_ok=True)
         self._log_dir.mkdir(parents=True, exist_ok=True)

@@ -127,4 +127,11 @@ def _read_from(path: Path, offset: int) -> tuple[str, int]:
             raw = f.read(_MAX_LOG_CHUNK)
     except FileNotFoundError:
         return "", offset
+    if len(raw) == _MAX_LOG_CHUNK:
+        # Stop before a UTF-8 sequence cut in half; the next read starts at its first byte.
+        cut = len(raw)
+        while cut > 0 and len(raw) - cut < 4 and (raw[cut - 1] & 0xC0) == 0x80:
+            cut -= 1
+        if cut > 0 and raw[cut - 1] >= 0xC0:
+            raw = raw[: cut - 1]
     return raw.decode("utf-8", errors="replace"), offset + len(raw)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -43,7 +44,7 @@ from trainpod.controller.states import (
     check,
 )
 from trainpod.errors import Conflict, NotFound, SpecError
-from trainpod.scheduler.fifo import FreeNode, QueuedJob, place
+from trainpod.scheduler.fifo import FreeNode, Placement, QueuedJob, place
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow, JobRow, NodeRow
@@ -74,6 +75,8 @@ class Controller:
         self._agent_running: dict[str, set[int]] = {}  # node -> attempts with live ranks
         self.started_at = self.clock.now()
         self._order = {d.name: i for i, d in enumerate(config.nodes)}
+        self._queue: dict[int, QueuedJob] = {}  # parsed once per queued job
+        self._scheduled_at_version = -1
 
     # -- start-up -------------------------------------------------------------------------
     def bootstrap(self) -> None:
@@ -258,10 +261,11 @@ class Controller:
             self._record(hb)
             orders = self._orders_for(hb.node)
             if hb.wait_s > 0 and orders.hash == hb.orders_hash:
-                deadline = self.clock.now() + hb.wait_s
+                # Real time, like the wait itself: an injected (fake) clock may never move.
+                deadline = time.monotonic() + hb.wait_s
                 version = self._version
                 while orders.hash == hb.orders_hash:
-                    remaining = deadline - self.clock.now()
+                    remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     self._changed.wait(remaining)
@@ -535,28 +539,29 @@ class Controller:
             self._bump()
 
     def _schedule(self, now: float) -> None:
-        queued = self.store.jobs([JobState.QUEUED])
-        if not queued:
+        """Place queued jobs (FIFO gangs). Cheap when nothing changed since the last pass."""
+        if self._version == self._scheduled_at_version:
             return
-        specs = {j.id: JobSpec.model_validate(j.spec) for j in queued}
-        queue = [
-            QueuedJob(
-                id=j.id,
-                nodes=specs[j.id].nodes,
-                groups=frozenset(
-                    self.cfg.partitions.get(specs[j.id].partition or self.cfg.default_partition, [])
-                ),
-            )
-            for j in queued
-        ]
-        free = [
-            FreeNode(n.name, n.group) for n in sorted(self._schedulable(), key=self._node_order)
-        ]
-        placements = place(queue, free)
+        queued = self.store.job_ids([JobState.QUEUED])
+        for stale in set(self._queue) - set(queued):
+            del self._queue[stale]
+        for job_id in queued:
+            if job_id not in self._queue:
+                spec = JobSpec.model_validate(self._job(job_id).spec)
+                part = spec.partition or self.cfg.default_partition
+                groups = frozenset(self.cfg.partitions.get(part, []))
+                self._queue[job_id] = QueuedJob(id=job_id, nodes=spec.nodes, groups=groups)
+        placements: list[Placement] = []
+        if queued:
+            free = [
+                FreeNode(n.name, n.group) for n in sorted(self._schedulable(), key=self._node_order)
+            ]
+            placements = place([self._queue[j] for j in queued], free)
         for placement in placements:
             self._start_attempt(self._job(placement.job_id), list(placement.nodes), now)
         if placements:
             self._bump()
+        self._scheduled_at_version = self._version
 
     def _start_attempt(self, job: JobRow, nodes: list[str], now: float) -> None:
         spec = JobSpec.model_validate(job.spec)

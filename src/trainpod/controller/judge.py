@@ -2,9 +2,9 @@
 
 An attempt succeeds when every rank exited 0. When any rank fails (non-zero exit, a
 signal, or lost with its node) the attempt goes to ``stopping`` and every other rank is
-torn down; once all have ended it is ``failed``. A cancel request takes the same path and
-ends ``cancelled``. Whether a failed attempt is retried is the recovery policy's call, not
-this module's.
+torn down; once every rank that started has ended it is ``failed``. A cancel request takes
+the same path and ends ``cancelled``. Whether a failed attempt is retried is the recovery
+policy's call, not this module's.
 """
 
 from __future__ import annotations
@@ -56,22 +56,26 @@ def judge(
         return None
     tails = tails or {}
     all_ended = all(r.state.ended for r in ranks)
+    # Teardown waits only for ranks that started: once an attempt stops, its nodes get kill
+    # orders instead of launch orders, so a pending rank never starts (and an agent that
+    # reports one anyway is told to kill it once the attempt has ended).
+    torn_down = all(r.state.ended or r.state is RankState.PENDING for r in ranks)
     failure = first_failure(ranks, tails)
 
     if attempt.state is AttemptState.STOPPING:
-        if not all_ended:
+        if not torn_down:
             return None
         if attempt.cause == CAUSE_CANCEL:
             return Verdict(AttemptState.CANCELLED, CAUSE_CANCEL, attempt.failure)
         return Verdict(AttemptState.FAILED, attempt.cause, attempt.failure)
 
     if cancel_requested:
-        if all_ended:
+        if torn_down:
             return Verdict(AttemptState.CANCELLED, CAUSE_CANCEL)
         return Verdict(AttemptState.STOPPING, CAUSE_CANCEL)
     if failure is not None:
         cause = CAUSE_NODE_LOST if failure["lost"] else CAUSE_RANK_FAILED
-        if all_ended:
+        if torn_down:
             return Verdict(AttemptState.FAILED, cause, failure)
         return Verdict(AttemptState.STOPPING, cause, failure)
     if all_ended:

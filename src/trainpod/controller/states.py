@@ -67,17 +67,20 @@ class RankState(str, enum.Enum):
 _JOB_ENDED = {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}
 
 N = NodeState
+# A restarted agent reports its lifecycle afresh (running, then ok or failed) whatever state
+# its node is in, and a node keeps its job until the job's attempt has ended: so setting_up
+# and failed are reachable from idle and allocated, and allocated from them.
 NODE_TRANSITIONS: dict[NodeState, set[NodeState]] = {
     N.PROVISIONING: {N.SETTING_UP, N.IDLE, N.FAILED, N.SUSPECT, N.STOPPED},
-    N.SETTING_UP: {N.IDLE, N.FAILED, N.SUSPECT, N.STOPPED},
-    N.IDLE: {N.ALLOCATED, N.SUSPECT, N.QUARANTINED, N.STOPPED, N.SETTING_UP},
-    N.ALLOCATED: {N.IDLE, N.SUSPECT, N.QUARANTINED, N.STOPPED},
+    N.SETTING_UP: {N.IDLE, N.ALLOCATED, N.FAILED, N.SUSPECT, N.STOPPED},
+    N.IDLE: {N.ALLOCATED, N.SUSPECT, N.QUARANTINED, N.STOPPED, N.SETTING_UP, N.FAILED},
+    N.ALLOCATED: {N.IDLE, N.SUSPECT, N.QUARANTINED, N.STOPPED, N.SETTING_UP, N.FAILED},
     N.SUSPECT: {N.IDLE, N.ALLOCATED, N.QUARANTINED, N.SETTING_UP, N.FAILED, N.STOPPED},
     N.QUARANTINED: {N.REPAIRING, N.RETIRED, N.IDLE},
     N.REPAIRING: {N.IDLE, N.RETIRED, N.QUARANTINED, N.SETTING_UP},
     N.RETIRED: set(),
-    N.FAILED: {N.SETTING_UP, N.IDLE, N.STOPPED, N.SUSPECT},
-    N.STOPPED: {N.SETTING_UP, N.IDLE, N.FAILED, N.SUSPECT},
+    N.FAILED: {N.SETTING_UP, N.IDLE, N.ALLOCATED, N.STOPPED, N.SUSPECT},
+    N.STOPPED: {N.SETTING_UP, N.IDLE, N.ALLOCATED, N.FAILED, N.SUSPECT},
 }
 
 J = JobState

@@ -191,6 +191,14 @@ class Store:
             args.append(limit)
         return [JobRow.from_sql(r) for r in self._conn.execute(sql, args)]
 
+    def job_ids(self, states: Sequence[JobState]) -> list[int]:
+        """Ids of the jobs in ``states``, oldest first (no spec parsing)."""
+        rows = self._conn.execute(
+            f"SELECT id FROM jobs WHERE state IN ({','.join('?' * len(states))}) ORDER BY id",
+            [s.value for s in states],
+        )
+        return [int(r[0]) for r in rows]
+
     def update_job(self, job_id: int, ts: float, **fields: Any) -> None:
         sets, args = _sets(fields, _JOB_COLUMNS)
         self._conn.execute(

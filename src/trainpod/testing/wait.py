@@ -14,7 +14,7 @@ class WaitTimeout(AssertionError):
 
 
 def wait_until(
-    probe: Callable[[], T | None | bool],
+    probe: Callable[[], T | bool | None],
     *,
     timeout_s: float = 30.0,
     interval_s: float = 0.05,

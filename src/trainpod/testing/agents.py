@@ -1,0 +1,307 @@
+"""A fake node agent that drives a :class:`Controller` directly, without HTTP or processes.
+
+:class:`FakeAgent` speaks the agent protocol the way ``trainpod.agent`` does: every beat
+carries the node's lifecycle status and the state of every rank it holds, exits are
+reported until the controller has acknowledged them, and a launch order is started at most
+once. Nothing runs by itself: a test starts ranks, ends them and beats, one step at a time,
+with the controller's (usually fake) clock. :func:`make_config` builds a small
+:class:`ControllerConfig` under a temporary directory.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from trainpod.api.models import (
+    AttemptReport,
+    Heartbeat,
+    LaunchOrder,
+    LifecycleResult,
+    LifecycleStatus,
+    Orders,
+    RankReport,
+)
+from trainpod.controller.config import ControllerConfig, NodeDecl
+from trainpod.controller.core import Controller
+
+Lifecycle = Literal["ok", "running", "failed"]
+
+_pids = itertools.count(40_000)
+_agent_ids = itertools.count(1)
+
+
+@dataclass
+class _Rank:
+    rank: int
+    local_rank: int
+    pid: int
+    started_at: float
+    ended_at: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    log_tail: str = ""
+    delivered: bool = False  # the controller has acknowledged this rank's exit
+
+    @property
+    def running(self) -> bool:
+        return self.ended_at is None
+
+    def report(self) -> RankReport:
+        failed = not self.running and (self.exit_code != 0 or self.signal is not None)
+        return RankReport(
+            rank=self.rank,
+            local_rank=self.local_rank,
+            pid=self.pid,
+            state="running" if self.running else "exited",
+            exit_code=self.exit_code,
+            signal=self.signal,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            log_tail=self.log_tail if failed else "",
+        )
+
+
+@dataclass
+class _Run:
+    order: LaunchOrder
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+
+
+class FakeAgent:
+    """One node's agent, stepped by a test. Not thread-safe (one test thread drives it).
+
+    ``agent_id`` defaults to a fresh id; pass the id of an earlier agent to model the same
+    agent process reconnecting (after a controller restart), or call :meth:`restarted` to
+    model a new agent process that knows nothing of its predecessor's ranks.
+    """
+
+    def __init__(
+        self,
+        controller: Controller,
+        node: str,
+        *,
+        agent_id: str | None = None,
+        address: str = "127.0.0.1",
+        agent_pid: int | None = None,
+    ) -> None:
+        self.controller = controller  # public: point it at a restarted controller
+        self.node = node
+        self.agent_id = agent_id or f"fake-{node}-{next(_agent_ids)}"
+        self.address = address
+        self.agent_pid = agent_pid if agent_pid is not None else next(_pids)
+        self.facts: dict[str, Any] = {}
+        self.lifecycle_results: list[LifecycleResult] = []
+        self.orders: Orders | None = None  # the reply to the last beat
+        self.orders_hash: str | None = None
+        self._runs: dict[int, _Run] = {}
+        self._seen: set[int] = set()  # every attempt ever launched here; never launch twice
+
+    def _now(self) -> float:
+        return self.controller.clock.now()
+
+    # -- the protocol -------------------------------------------------------------------
+    def heartbeat(
+        self, lifecycle: Lifecycle = "ok", wait_s: float = 0.0, *, leaving: bool = False
+    ) -> Heartbeat:
+        """The heartbeat :meth:`beat` would send now."""
+        results = self.lifecycle_results
+        if lifecycle == "failed" and not results:
+            results = [failed_script()]
+        return Heartbeat(
+            node=self.node,
+            agent_id=self.agent_id,
+            agent_pid=self.agent_pid,
+            address=self.address,
+            facts=dict(self.facts),
+            lifecycle=LifecycleStatus(state=lifecycle, results=list(results)),
+            attempts=self.reports(),
+            orders_hash=self.orders_hash if wait_s else None,
+            wait_s=wait_s,
+            leaving=leaving,
+        )
+
+    def beat(
+        self, lifecycle: Lifecycle = "ok", wait_s: float = 0.0, *, leaving: bool = False
+    ) -> Orders:
+        """Send a heartbeat and return the orders; blocks up to ``wait_s`` (a long poll).
+
+        Like the real agent, exits the controller has now recorded are forgotten once every
+        rank of their attempt has been reported ended. Orders are not executed: call
+        :meth:`start_ranks` and :meth:`kill_ranks` for that.
+        """
+        hb = self.heartbeat(lifecycle, wait_s, leaving=leaving)
+        orders = self.controller.heartbeat(hb)
+        self._delivered(hb.attempts)
+        self.orders = orders
+        self.orders_hash = orders.hash
+        return orders
+
+    def _delivered(self, reports: list[AttemptReport]) -> None:
+        for rep in reports:
+            run = self._runs.get(rep.attempt_id)
+            if run is None:
+                continue
+            for rr in rep.ranks:
+                if rr.state == "exited" and rr.rank in run.ranks:
+                    run.ranks[rr.rank].delivered = True
+            if all(r.delivered for r in run.ranks.values()):
+                del self._runs[rep.attempt_id]
+
+    def reports(self) -> list[AttemptReport]:
+        """What the agent reports about its ranks, as ``Launcher.reports`` does."""
+        return [
+            AttemptReport(
+                attempt_id=aid,
+                job_id=run.order.job_id,
+                ranks=[r.report() for _, r in sorted(run.ranks.items())],
+            )
+            for aid, run in sorted(self._runs.items())
+        ]
+
+    # -- executing orders ---------------------------------------------------------------
+    def start_ranks(self, orders: Orders | None = None) -> list[int]:
+        """Start the ranks of every launch order (default: the last orders); fake pids.
+
+        Idempotent per attempt, as the real launcher is. Returns the ranks started now.
+        """
+        orders = orders if orders is not None else self.orders
+        started: list[int] = []
+        if orders is None:
+            return started
+        now = self._now()
+        for launch in orders.launch:
+            if launch.attempt_id in self._seen:
+                continue
+            self._seen.add(launch.attempt_id)
+            run = _Run(launch)
+            for slot in launch.ranks:
+                run.ranks[slot.rank] = _Rank(slot.rank, slot.local_rank, next(_pids), now)
+                started.append(slot.rank)
+            self._runs[launch.attempt_id] = run
+        return started
+
+    def exit_rank(
+        self,
+        attempt_id: int,
+        rank: int,
+        code: int | None = 0,
+        signal: int | None = None,
+        tail: str = "",
+    ) -> None:
+        """End a running rank with an exit ``code`` or, when ``signal`` is set, by a signal.
+
+        ``tail`` is the rank's log tail, reported (as the real agent does) only when the
+        rank failed. Raises KeyError for a rank this agent does not run.
+        """
+        r = self._runs[attempt_id].ranks[rank]
+        if not r.running:
+            raise ValueError(f"rank {rank} of attempt {attempt_id} has already ended")
+        r.ended_at = self._now()
+        r.exit_code, r.signal = (None, signal) if signal is not None else (code, None)
+        r.log_tail = tail
+
+    def exit_all(self, attempt_id: int, code: int = 0) -> None:
+        """End every running rank of the attempt with ``code``."""
+        for rank in self.running_ranks(attempt_id):
+            self.exit_rank(attempt_id, rank, code)
+
+    def kill_ranks(self, orders: Orders | None = None, signal: int = 15) -> list[int]:
+        """Obey the kill orders (default: the last orders): end their running ranks by
+        ``signal``, as SIGTERM would. Returns the ranks ended now."""
+        orders = orders if orders is not None else self.orders
+        killed: list[int] = []
+        for kill in orders.kill if orders is not None else []:
+            for rank in self.running_ranks(kill.attempt_id):
+                self.exit_rank(kill.attempt_id, rank, signal=signal)
+                killed.append(rank)
+        return killed
+
+    # -- inspection and restarts --------------------------------------------------------
+    def running_ranks(self, attempt_id: int) -> list[int]:
+        run = self._runs.get(attempt_id)
+        if run is None:
+            return []
+        return [r.rank for _, r in sorted(run.ranks.items()) if r.running]
+
+    def pid(self, attempt_id: int, rank: int) -> int:
+        return self._runs[attempt_id].ranks[rank].pid
+
+    @property
+    def attempts(self) -> list[int]:
+        """Attempts whose ranks this agent still holds (running or exit not yet delivered)."""
+        return sorted(self._runs)
+
+    def restarted(self) -> FakeAgent:
+        """A new agent process on the same node: new id and pid, no ranks, no orders."""
+        return FakeAgent(self.controller, self.node, address=self.address)
+
+
+def failed_script(
+    script: str = "setup.sh", exit_code: int = 1, tail: str = "setup failed", log_path: str = ""
+) -> LifecycleResult:
+    """A lifecycle result for a script that failed."""
+    return LifecycleResult(
+        script=script,
+        state="failed",
+        exit_code=exit_code,
+        duration_s=0.1,
+        log_path=log_path or f"/var/log/trainpod/{script}.log",
+        tail=tail,
+    )
+
+
+@dataclass(frozen=True)
+class FakeGroup:
+    """An instance group for :func:`make_config`; nodes are named ``<name>-<i>``."""
+
+    name: str
+    count: int = 2
+    devices: int = 2
+    spare: bool = False
+    role: str = "compute"
+
+
+def make_config(
+    root: Path,
+    *,
+    groups: Sequence[FakeGroup | tuple[str, int]] = (FakeGroup("workers"),),
+    partitions: dict[str, list[str]] | None = None,
+    default_partition: str | None = None,
+    cluster: str = "test",
+    heartbeat_interval_s: float = 1.0,
+    heartbeat_timeout_s: float = 10.0,
+    teardown_grace_s: float = 5.0,
+    max_restarts: int = 3,
+) -> ControllerConfig:
+    """A :class:`ControllerConfig` with its directories under ``root`` (created lazily).
+
+    ``groups`` take ``(name, count)`` as a shorthand for a compute group of 2-device nodes.
+    Without ``partitions``: one partition ``default`` with every compute group, spares
+    included, as a cluster spec without a ``partitions`` key has.
+    """
+    decls = [g if isinstance(g, FakeGroup) else FakeGroup(g[0], g[1]) for g in groups]
+    if partitions is None:
+        partitions = {"default": [g.name for g in decls if g.role == "compute"]}
+    return ControllerConfig(
+        cluster=cluster,
+        backend="local",
+        nodes=[
+            NodeDecl(f"{g.name}-{i}", g.name, g.role, g.spare, g.devices)
+            for g in decls
+            for i in range(g.count)
+        ],
+        partitions=partitions,
+        default_partition=default_partition or next(iter(partitions)),
+        jobs_dir=root / "jobs",
+        shared_dir=root / "shared",
+        scratch_root=root / "scratch",
+        checkpoint_uri=f"file://{root / 'checkpoints'}",
+        heartbeat_interval_s=heartbeat_interval_s,
+        heartbeat_timeout_s=heartbeat_timeout_s,
+        teardown_grace_s=teardown_grace_s,
+        max_restarts=max_restarts,
+    )

@@ -1,0 +1,1 @@
+"""Component tests: a real controller and store, fake agents and clock."""

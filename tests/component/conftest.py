@@ -1,0 +1,126 @@
+"""A real Controller on a real SQLite file, a fake clock and fake agents, stepped by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainpod.api.models import EventInfo, JobInfo, NodeInfo, Orders
+from trainpod.controller.config import ControllerConfig
+from trainpod.controller.core import Controller
+from trainpod.spec.job import JobSpec
+from trainpod.store.repo import Store
+from trainpod.testing import FakeAgent, FakeClock, FakeGroup, make_config
+
+PORT = 29500
+
+
+class Cluster:
+    """One controller and an agent per compute node; nothing happens until a test acts."""
+
+    def __init__(self, cfg: ControllerConfig, db: Path, clock: FakeClock) -> None:
+        self.cfg = cfg
+        self.db = db
+        self.clock = clock
+        self.controller = self._start()
+        self.agents = {d.name: FakeAgent(self.controller, d.name) for d in cfg.nodes}
+
+    def _start(self) -> Controller:
+        controller = Controller(Store.open(self.db), self.cfg, clock=self.clock, ports=_port)
+        controller.bootstrap()
+        return controller
+
+    def restart_controller(self) -> Controller:
+        """Close the store as a dying controller would, start a fresh one on the same file."""
+        self.controller.store.close()
+        self.controller = self._start()
+        for agent in self.agents.values():
+            agent.controller = self.controller
+        return self.controller
+
+    def close(self) -> None:
+        self.controller.store.close()
+
+    # -- acting ---------------------------------------------------------------------------
+    def up(self, *names: str) -> None:
+        """Register the agents (default: all) with their lifecycle done."""
+        for name in names or self.agents:
+            self.agents[name].beat()
+
+    def beat(self, *names: str) -> dict[str, Orders]:
+        return {name: self.agents[name].beat() for name in names or self.agents}
+
+    def submit(self, nodes: int = 2, procs: int | None = 2, **kw: Any) -> int:
+        spec = JobSpec(command=["python", "train.py"], nodes=nodes, procs_per_node=procs, **kw)
+        return self.controller.submit(spec)
+
+    def start(self, job_id: int) -> int:
+        """Step, let every node of the job's attempt start its ranks and report them.
+
+        Returns the attempt id.
+        """
+        self.controller.step()
+        attempt = self.attempt_id(job_id)
+        for name in self.job(job_id).attempts[-1].nodes:
+            agent = self.agents[name]
+            agent.start_ranks(agent.beat())
+            agent.beat()
+        return attempt
+
+    # -- looking ----------------------------------------------------------------------------
+    def attempt_id(self, job_id: int) -> int:
+        return self.controller.store.attempts(job_id)[-1].id
+
+    def job(self, job_id: int) -> JobInfo:
+        return self.controller.job_info(job_id)
+
+    def node(self, name: str) -> NodeInfo:
+        return next(n for n in self.controller.node_infos() if n.name == name)
+
+    def node_states(self) -> dict[str, str]:
+        return {n.name: n.state for n in self.controller.node_infos()}
+
+    def events(self, kind: str | None = None, **match: Any) -> list[EventInfo]:
+        return [
+            e
+            for e in self.controller.event_infos()
+            if (kind is None or e.kind == kind)
+            and all(getattr(e, k, e.data.get(k)) == v for k, v in match.items())
+        ]
+
+
+def _port(host: str) -> int:
+    return PORT
+
+
+MakeCluster = Callable[..., Cluster]
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[MakeCluster]:
+    made: list[Cluster] = []
+
+    def make(
+        groups: Sequence[FakeGroup | tuple[str, int]] = (FakeGroup("workers", 2),), **kw: Any
+    ) -> Cluster:
+        root = tmp_path / f"cluster-{len(made)}"
+        cfg = make_config(root, groups=groups, **kw)
+        root.mkdir()
+        cluster = Cluster(cfg, root / "state.db", FakeClock())
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.close()
+
+
+@pytest.fixture
+def cluster(make_cluster: MakeCluster) -> Cluster:
+    """Two 2-device workers, both registered and idle."""
+    c = make_cluster()
+    c.up()
+    return c

@@ -1,0 +1,189 @@
+"""The HTTP API over a real controller: token auth, status codes, error messages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from trainpod.api.app import create_app
+from trainpod.api.models import ClusterInfo, Heartbeat, LifecycleStatus, Orders
+
+from .conftest import Cluster
+
+ADMIN = {"Authorization": "Bearer admin-secret"}
+AGENT = {"Authorization": "Bearer agent-secret"}
+JOB = {"command": ["python", "train.py"], "nodes": 1, "procs_per_node": 1}
+
+
+@pytest.fixture
+def client(cluster: Cluster) -> Iterator[TestClient]:
+    def info() -> ClusterInfo:
+        nodes, jobs = cluster.controller.counts()
+        return ClusterInfo(
+            name=cluster.cfg.cluster,
+            backend=cluster.cfg.backend,
+            controller_pid=1,
+            started_at=cluster.controller.started_at,
+            nodes=nodes,
+            jobs=jobs,
+            partitions=cluster.cfg.partitions,
+            shared_dir=str(cluster.cfg.shared_dir),
+            scratch_root=str(cluster.cfg.scratch_root),
+            checkpoint_uri=cluster.cfg.checkpoint_uri,
+        )
+
+    app = create_app(
+        cluster.controller, admin_token="admin-secret", agent_token="agent-secret", info=info
+    )
+    with TestClient(app) as client:
+        yield client
+
+
+def heartbeat(cluster: Cluster, node: str = "workers-0") -> dict[str, object]:
+    agent = cluster.agents[node]
+    hb = Heartbeat(
+        node=node,
+        agent_id=agent.agent_id,
+        agent_pid=agent.agent_pid,
+        address="127.0.0.1",
+        lifecycle=LifecycleStatus(state="ok"),
+    )
+    return hb.model_dump(mode="json")
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "admin-secret"},  # not a bearer token
+        {"Authorization": "Bearer "},
+    ],
+)
+def test_no_valid_token_is_401(client: TestClient, headers: dict[str, str]) -> None:
+    r = client.get("/v1/jobs", headers=headers)
+    assert r.status_code == 401
+    assert r.json()["error"] == "Unauthorized"
+    assert "admin.token" in r.json()["message"]
+
+
+def test_the_agent_token_only_opens_the_agent_api(client: TestClient, cluster: Cluster) -> None:
+    assert client.get("/v1/jobs", headers=AGENT).status_code == 401
+    assert client.post("/v1/jobs", json=JOB, headers=AGENT).status_code == 401
+    assert client.get("/v1/nodes", headers=AGENT).status_code == 401
+    r = client.post("/v1/agent/heartbeat", json=heartbeat(cluster), headers=AGENT)
+    assert r.status_code == 200
+    assert Orders.model_validate(r.json()).launch == []
+    assert client.post("/v1/agent/heartbeat", json=heartbeat(cluster)).status_code == 401
+
+
+def test_the_admin_token_opens_everything(client: TestClient, cluster: Cluster) -> None:
+    r = client.get("/v1/jobs", headers=ADMIN)
+    assert (r.status_code, r.json()) == (200, [])
+    assert client.get("/v1/cluster", headers=ADMIN).json()["name"] == cluster.cfg.cluster
+    nodes = client.get("/v1/nodes", headers=ADMIN).json()
+    assert [n["state"] for n in nodes] == ["idle", "idle"]
+    r = client.post("/v1/agent/heartbeat", json=heartbeat(cluster), headers=ADMIN)
+    assert r.status_code == 200
+
+
+def test_the_openapi_schema_requires_a_token(client: TestClient) -> None:
+    assert client.get("/v1/openapi.json").status_code == 401
+    assert client.get("/v1/docs").status_code == 401
+    r = client.get("/v1/openapi.json", headers=ADMIN)
+    assert r.status_code == 200
+    assert "/v1/jobs" in r.json()["paths"]
+
+
+def test_submit_query_cancel(client: TestClient, cluster: Cluster) -> None:
+    r = client.post("/v1/jobs", json=JOB, headers=ADMIN)
+    assert r.status_code == 201
+    job = r.json()
+    assert (job["state"], job["spec"]["partition"]) == ("queued", "default")
+    r = client.get(f"/v1/jobs/{job['id']}", headers=ADMIN)
+    assert (r.status_code, r.json()["id"]) == (200, job["id"])
+    r = client.post(f"/v1/jobs/{job['id']}/cancel", headers=ADMIN)
+    assert (r.status_code, r.json()["state"]) == (200, "cancelled")
+    r = client.post(f"/v1/jobs/{job['id']}/cancel", headers=ADMIN)
+    assert r.status_code == 409
+    assert "already ended" in r.json()["message"]
+    events = client.get("/v1/events", params={"job": job["id"]}, headers=ADMIN).json()
+    assert [e["kind"] for e in events][:2] == ["job_submitted", "cancel_requested"]
+
+
+def test_plan_does_not_submit(client: TestClient) -> None:
+    r = client.post("/v1/jobs:plan", json={**JOB, "nodes": 2}, headers=ADMIN)
+    assert r.status_code == 200
+    assert r.json()["nodes"] == ["workers-0", "workers-1"]
+    assert client.get("/v1/jobs", headers=ADMIN).json() == []
+
+
+def test_a_bad_partition_is_400_with_a_clear_message(client: TestClient) -> None:
+    r = client.post("/v1/jobs", json={**JOB, "partition": "nope"}, headers=ADMIN)
+    assert r.status_code == 400
+    body = r.json()
+    assert body["error"] == "SpecError"
+    assert "partition 'nope' does not exist" in body["message"]
+    assert "use one of: default" in body["message"]
+
+
+def test_too_many_nodes_is_400_naming_the_fix(client: TestClient) -> None:
+    r = client.post("/v1/jobs", json={**JOB, "nodes": 5}, headers=ADMIN)
+    assert r.status_code == 400
+    assert "--nodes 2 or fewer" in r.json()["message"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"command": []},
+        {"command": "python train.py"},
+        {"command": ["x"], "nodes": 0},
+        {"command": ["x"], "colour": "red"},
+        {"command": ["x"], "env": {"RANK": "3"}},
+    ],
+)
+def test_a_malformed_job_is_422(client: TestClient, body: dict[str, object]) -> None:
+    r = client.post("/v1/jobs", json=body, headers=ADMIN)
+    assert r.status_code == 422
+    assert client.get("/v1/jobs", headers=ADMIN).json() == []
+
+
+def test_an_unknown_job_is_404(client: TestClient) -> None:
+    for r in (
+        client.get("/v1/jobs/404", headers=ADMIN),
+        client.post("/v1/jobs/404/cancel", headers=ADMIN),
+        client.get("/v1/jobs/404/logs", headers=ADMIN),
+    ):
+        assert r.status_code == 404
+        assert r.json() == {"error": "NotFound", "message": r.json()["message"]}
+        assert "no job 404" in r.json()["message"]
+
+
+def test_a_heartbeat_from_an_unknown_node_is_404(client: TestClient, cluster: Cluster) -> None:
+    body = {**heartbeat(cluster), "node": "ghost-0"}
+    r = client.post("/v1/agent/heartbeat", json=body, headers=AGENT)
+    assert r.status_code == 404
+    assert "not part of cluster" in r.json()["message"]
+
+
+def test_logs_of_a_job_without_attempts_are_empty(client: TestClient) -> None:
+    job = client.post("/v1/jobs", json=JOB, headers=ADMIN).json()
+    r = client.get(f"/v1/jobs/{job['id']}/logs", headers=ADMIN)
+    assert r.status_code == 200
+    assert (r.json()["data"], r.json()["attempt"], r.json()["job_ended"]) == ("", 0, False)
+
+
+def test_logs_are_read_from_the_rank_log(client: TestClient, cluster: Cluster) -> None:
+    job = client.post("/v1/jobs", json=JOB, headers=ADMIN).json()["id"]
+    cluster.controller.step()
+    path = cluster.cfg.jobs_dir / str(job) / "attempt-1" / "rank-0.log"
+    path.parent.mkdir(parents=True)
+    path.write_text("step 1\nstep 2\n")
+    r = client.get(f"/v1/jobs/{job}/logs", params={"rank": 0}, headers=ADMIN).json()
+    assert (r["data"], r["offset"], r["attempt"]) == ("step 1\nstep 2\n", 14, 1)
+    r = client.get(f"/v1/jobs/{job}/logs", params={"offset": 7}, headers=ADMIN).json()
+    assert r["data"] == "step 2\n"
