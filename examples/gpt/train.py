@@ -43,6 +43,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+try:  # optional: progress beacons for hang detection and goodput when run under trainpod
+    from trainpod import report
+except ImportError:  # standalone or under plain torchrun without trainpod installed
+
+    def report(step: int, **metrics: float | int | str | bool) -> None:
+        pass
+
+
 CORPUS_CAP_BYTES = 4 * 1024 * 1024
 VAL_FRACTION = 0.1
 EVAL_BATCHES = 8
@@ -328,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         steps_done += 1
         steps_since_log += 1
+        report(step, tokens=args.batch_size * args.seq_len)  # a datagram; never blocks
         last = step == args.steps
         logged = last or step == start or bool(args.log_every and step % args.log_every == 0)
         if logged:
@@ -349,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
                 "loss": loss_val if logged else loss.item(),
                 "args": vars(args),
             }
+            t_save = time.perf_counter()
             log(f"saved {save_checkpoint(args.ckpt_dir, step, state)}")
+            report(step, checkpoint_step=step, checkpoint_stall_s=time.perf_counter() - t_save)
     elapsed = time.perf_counter() - t_start
     tok_s = steps_done * tokens_per_step / elapsed if steps_done else 0.0
 

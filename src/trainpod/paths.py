@@ -7,9 +7,11 @@ deleting a cluster's state never touches its shared dir unless asked to.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +74,12 @@ class ClusterPaths:
 
     def log_file(self, proc: str) -> Path:
         return self.logs / f"{proc}.log"
+
+    @property
+    def runtime_dir(self) -> Path:
+        """A short per-cluster dir for unix sockets (their paths must stay under 108 bytes)."""
+        digest = hashlib.sha1(str(self.state_dir).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"trainpod-{digest}"
 
     @property
     def default_shared_dir(self) -> Path:

@@ -118,7 +118,7 @@ def test_a_failing_rank_stops_the_attempt_and_fails_the_job_with_its_log_tail(
     o1 = a1.beat()
     info = c.job(job)
     attempt = info.attempts[0]
-    assert (attempt.state, attempt.cause) == ("stopping", "rank_failed")
+    assert (attempt.state, attempt.cause) == ("stopping", "crash")
     assert attempt.failure["rank"] == 3
     assert attempt.failure["node"] == "workers-1"
     assert attempt.failure["exit_code"] == 3
@@ -135,7 +135,7 @@ def test_a_failing_rank_stops_the_attempt_and_fails_the_job_with_its_log_tail(
     o0 = a0.beat()
     assert [k.attempt_id for k in o0.kill] == [attempt_id]
     assert o0.kill[0].grace_s == c.cfg.teardown_grace_s
-    assert o0.kill[0].reason == "rank_failed"
+    assert o0.kill[0].reason == "crash"
     assert [k.attempt_id for k in o1.kill] == [attempt_id]
     assert o0.launch == o1.launch == []
     assert c.node_states() == {"workers-0": "allocated", "workers-1": "allocated"}

@@ -93,7 +93,7 @@ def test_a_failed_node_is_never_scheduled(make_cluster: MakeCluster) -> None:
     assert c.node_states()["workers-0"] == "failed"
 
 
-def test_a_silent_node_becomes_suspect_and_comes_back(cluster: Cluster) -> None:
+def test_a_silent_node_is_suspected_then_quarantined(cluster: Cluster) -> None:
     c = cluster
     c.clock.advance(c.cfg.heartbeat_timeout_s)
     c.controller.step()
@@ -103,11 +103,14 @@ def test_a_silent_node_becomes_suspect_and_comes_back(cluster: Cluster) -> None:
     c.agents["workers-1"].beat()
     c.controller.step()
     node = c.node("workers-0")
-    assert (node.state, node.reason) == ("suspect", "no heartbeat for 10.5s")
+    assert (node.state, node.reason) == ("quarantined", "node lost: no heartbeat for 10.5s")
+    moves = [(e.data["old"], e.data["new"]) for e in c.events("node_state", node="workers-0")]
+    assert moves[-2:] == [("idle", "suspect"), ("suspect", "quarantined")]
     assert c.node("workers-1").state == "idle"
 
+    # A node that went silent is not trusted again until it is repaired and deep-checked.
     c.agents["workers-0"].beat()
-    assert c.node("workers-0").state == "idle"
+    assert c.node("workers-0").state == "quarantined"
     assert len(c.events("agent_registered", node="workers-0")) == 1  # the same agent
 
 

@@ -16,8 +16,8 @@ def test_a_silent_node_loses_its_ranks_and_fails_the_job_with_node_lost(
     c.clock.advance(c.cfg.heartbeat_timeout_s + 1)
     a1.beat()  # workers-1 is alive; workers-0 has gone silent
     c.controller.step()
-    assert c.node("workers-0").state == "suspect"
-    assert c.node("workers-0").reason == "no heartbeat for 11.0s"
+    assert c.node("workers-0").state == "quarantined"
+    assert c.node("workers-0").reason == "node lost: no heartbeat for 11.0s"
     info = c.job(job)
     attempt = info.attempts[0]
     assert [r.state for r in attempt.ranks] == ["lost", "lost", "running", "running"]
@@ -37,13 +37,14 @@ def test_a_silent_node_loses_its_ranks_and_fails_the_job_with_node_lost(
         "failed",
         "node_lost",
     )
-    assert info.reason == "rank 0 on workers-0 was lost with its node"
-    assert c.node_states() == {"workers-0": "suspect", "workers-1": "idle"}
+    assert info.reason.startswith("rank 0 on workers-0 was lost with its node")
+    assert "--auto-resume" in info.reason  # the job did not ask to be recovered
+    assert c.node_states() == {"workers-0": "quarantined", "workers-1": "idle"}
     assert c.node("workers-0").job_id is None
 
     # The node comes back: its agent still runs the lost ranks and is told to kill them.
     orders = a0.beat()
-    assert c.node("workers-0").state == "idle"
+    assert c.node("workers-0").state == "quarantined"  # held until repaired
     assert [(k.attempt_id, k.reason) for k in orders.kill] == [(attempt_id, "attempt ended")]
     a0.kill_ranks(orders)
     assert a0.beat().kill == []
@@ -58,7 +59,7 @@ def test_every_node_silent_fails_the_job_in_one_step(cluster: Cluster) -> None:
     c.controller.step()
     info = c.job(job)
     assert (info.state, info.attempts[0].cause) == ("failed", "node_lost")
-    assert set(c.node_states().values()) == {"suspect"}
+    assert set(c.node_states().values()) == {"quarantined"}
     assert {c.node(n).job_id for n in ("workers-0", "workers-1")} == {None}
 
 

@@ -53,7 +53,7 @@ def test_failing_rank_tears_down_the_rest(cluster: Cluster, tmp_path: Path) -> N
     assert "rank 3 on workers-1 exited with code 7" in done.reason
     assert "something went wrong, exiting with 7" in done.reason  # the log tail
     (attempt,) = done.attempts
-    assert attempt.cause == "rank_failed"
+    assert attempt.cause == "crash"
     others = [r for r in attempt.ranks if r.rank != 3]
     # the survivors ignored SIGTERM, so the grace period ran out and SIGKILL ended them
     assert all(r.signal == 9 for r in others), [(r.rank, r.signal, r.exit_code) for r in others]

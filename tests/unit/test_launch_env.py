@@ -188,4 +188,7 @@ def test_node_env_matches_the_order(cfg: ControllerConfig) -> None:
         master_addr="10.0.0.1",
         master_port=29512,
     )
-    assert env == order(cfg, 1, spec).env
+    launched = order(cfg, 1, spec).env
+    # the order adds the attempt's id: the address of its progress beacons
+    assert launched.pop("TRAINPOD_ATTEMPT_ID").isdigit()
+    assert env == launched

@@ -110,7 +110,7 @@ def test_ended_states_are_terminal() -> None:
     assert {s for s in JobState if s.ended} == {J.COMPLETED, J.FAILED, J.CANCELLED}
     assert {s for s in AttemptState if s.ended} == {A.SUCCEEDED, A.FAILED, A.CANCELLED}
     assert {s for s in RankState if s.ended} == {RankState.EXITED, RankState.LOST}
-    assert NODE_TRANSITIONS[N.RETIRED] == set()
+    assert NODE_TRANSITIONS[N.RETIRED] == {N.REPAIRING}  # only an operator brings it back
 
 
 def test_every_state_is_reachable_from_the_start() -> None:

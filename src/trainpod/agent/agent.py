@@ -13,12 +13,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from typing import Any
 
+from trainpod.agent.beacons import BeaconBook
+from trainpod.agent.chaos import ChaosExecutor
 from trainpod.agent.launcher import Launcher
 from trainpod.agent.lifecycle import LifecycleRunner
-from trainpod.api.models import Heartbeat, Orders
+from trainpod.agent.monitor import DeepChecker, HealthMonitor
+from trainpod.api.models import AttemptReport, Heartbeat, Orders, RankBeacon
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import ControllerUnavailable, TrainpodError
 
@@ -39,8 +43,16 @@ class Agent:
         facts: Any,
         heartbeat_interval_s: float = 1.0,
         teardown_grace_s: float = 5.0,
+        beacons: BeaconBook | None = None,
+        health: HealthMonitor | None = None,
+        deep: DeepChecker | None = None,
+        chaos: ChaosExecutor | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
-        """``facts`` is a zero-argument callable returning the node's current facts."""
+        """``facts`` is a zero-argument callable returning the node's current facts.
+
+        ``beacons``, ``health``, ``deep`` and ``chaos`` are optional parts: progress beacons
+        from the workers, scheduled health checks, the deep check and fault injection."""
         self.node = node
         self.address = address
         self.agent_id = uuid.uuid4().hex
@@ -53,8 +65,13 @@ class Agent:
         self.stopping = threading.Event()
         self._orders_hash: str | None = None
         self._send_lock = threading.Lock()
-        self.launcher = Launcher(node_env=node_env, on_change=self._changed.set)
+        self.launcher = launcher or Launcher(node_env=node_env, on_change=self._changed.set)
         self._connected = False
+        self._beacons = beacons
+        self._health = health
+        self._deep = deep
+        self._chaos = chaos
+        self._skew: tuple[float, float] | None = None  # (controller time, our time) at receipt
 
     def notify(self) -> None:
         """Something changed locally: report it now rather than at the next beat."""
@@ -62,7 +79,7 @@ class Agent:
 
     # -- the protocol -------------------------------------------------------------------
     def _beat(self, wait_s: float, *, leaving: bool = False) -> Orders | None:
-        reports = self.launcher.reports()
+        reports = [self._with_beacons(r) for r in self.launcher.reports()]
         hb = Heartbeat(
             node=self.node,
             agent_id=self.agent_id,
@@ -74,6 +91,10 @@ class Agent:
             orders_hash=self._orders_hash if wait_s else None,
             wait_s=wait_s,
             leaving=leaving,
+            health=self._health.results if self._health else [],
+            deep_check=self._deep.result if self._deep else None,
+            chaos_done=self._chaos.done if self._chaos else [],
+            time=time.time(),
         )
         try:
             orders = self._client.heartbeat(hb)
@@ -85,9 +106,42 @@ class Agent:
         if not self._connected:
             log.info("connected to the controller at %s", self._client.url)
         self._connected = True
+        self._skew = (orders.controller_time, time.time())
         self.launcher.delivered(reports)
+        if self._beacons is not None:
+            for gone in {r.attempt_id for r in reports} - self.launcher.attempt_ids():
+                self._beacons.forget(gone)
         self._apply(orders)
         return orders
+
+    def _with_beacons(self, report: AttemptReport) -> AttemptReport:
+        if self._beacons is None:
+            return report
+        summary = self._beacons.summary(report.attempt_id)
+        beacons = [
+            RankBeacon(
+                rank=b.rank,
+                first_at=b.first_at,
+                last_at=b.last_at,
+                age_s=b.age_s,
+                first_step=b.first_step,
+                last_step=b.last_step,
+                steps=b.steps,
+                step_time_s=b.step_time_s,
+                last_checkpoint_step=b.last_checkpoint_step,
+                checkpoint_stall_s=b.checkpoint_stall_s,
+                metrics={**b.metrics, "tokens_total": b.tokens},
+            )
+            for b in summary.ranks.values()
+        ]
+        return report.model_copy(update={"beacons": beacons})
+
+    def controller_time(self) -> float | None:
+        """The controller's clock now, as last heard; None before the first reply."""
+        if self._skew is None:
+            return None
+        theirs, ours = self._skew
+        return theirs + (time.time() - ours)
 
     def _apply(self, orders: Orders) -> None:
         with self._send_lock:
@@ -96,6 +150,10 @@ class Agent:
             for kill in orders.kill:
                 log.info("order: kill attempt %d (%s)", kill.attempt_id, kill.reason)
                 self.launcher.kill(kill.attempt_id, kill.grace_s)
+            if self._deep is not None:
+                self._deep.order(orders.deep_check)
+            if self._chaos is not None and orders.chaos:
+                self._chaos.execute(orders.chaos)
             for launch in orders.launch:
                 if self.launcher.launch(launch):
                     log.info(
@@ -137,7 +195,11 @@ class Agent:
         ]
         for t in threads:
             t.start()
+        if self._health is not None:
+            self._health.start()
         self._beat_loop()
+        if self._health is not None:
+            self._health.stop()
         self._changed.set()
         if self.launcher.pids():
             log.info("stopping %d workers", len(self.launcher.pids()))

@@ -181,6 +181,7 @@ class Launcher:
         live = [r for r in run.ranks if r.running and r.proc is not None]
         for r in live:
             _signal_group(r, signal.SIGTERM)
+            _signal_group(r, signal.SIGCONT)  # a stopped (hung) rank must wake to see SIGTERM
         deadline = time.monotonic() + grace_s
         for r in live:
             assert r.proc is not None
@@ -190,6 +191,34 @@ class Launcher:
                 pass
         for r in live:
             _signal_group(r, signal.SIGKILL)  # also reaps children that outlived the rank
+
+    def signal_rank(self, rank: int | None, sig: signal.Signals) -> int | None:
+        """Send ``sig`` to a live rank's process group (the first live rank when None).
+
+        Returns the rank signalled, or None when no such rank runs here."""
+        with self._lock:
+            live = [
+                r
+                for run in self._runs.values()
+                for r in run.ranks
+                if r.running and r.proc is not None and (rank is None or r.rank == rank)
+            ]
+        if not live:
+            return None
+        _signal_group(live[0], sig)
+        return live[0].rank
+
+    def kill_everything(self) -> None:
+        """SIGKILL every rank at once, no grace: what losing the node does to them."""
+        with self._lock:
+            live = [
+                r
+                for run in self._runs.values()
+                for r in run.ranks
+                if r.running and r.proc is not None
+            ]
+        for r in live:
+            _signal_group(r, signal.SIGKILL)
 
     def shutdown(self, grace_s: float) -> None:
         """Stop every attempt and wait for the ranks to end (agent exit)."""
@@ -226,6 +255,10 @@ class Launcher:
                         r.delivered = True
                 if all(r.delivered for r in run.ranks):
                     del self._runs[rep.attempt_id]
+
+    def attempt_ids(self) -> set[int]:
+        with self._lock:
+            return set(self._runs)
 
     def pids(self) -> list[int]:
         with self._lock:

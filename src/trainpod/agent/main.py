@@ -12,8 +12,13 @@ from types import FrameType
 from typing import Any
 
 from trainpod.agent.agent import Agent
+from trainpod.agent.beacons import BeaconServer
+from trainpod.agent.chaos import ChaosExecutor
+from trainpod.agent.checks import build_checks
 from trainpod.agent.facts import device_facts, node_facts
+from trainpod.agent.launcher import Launcher
 from trainpod.agent.lifecycle import LifecycleRunner, Script
+from trainpod.agent.monitor import DeepChecker, HealthMonitor, deep_runner
 from trainpod.client.http import TrainpodClient
 from trainpod.controller.daemon import load_recorded_spec
 from trainpod.errors import NotFound
@@ -31,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
         level=os.environ.get("TRAINPOD_LOG_LEVEL", "INFO"),
         format=f"%(asctime)s %(levelname)s [{args.node}] %(name)s: %(message)s",
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat is noise
     state_dir: Path = args.state_dir.absolute()
     paths = ClusterPaths(state_dir.parent.parent, state_dir.name)
     record = ClusterRecord.load(paths)
@@ -79,6 +85,25 @@ def main(argv: list[str] | None = None) -> None:
         return node_facts(scratch, devices)
 
     client = TrainpodClient(record.url, read_secret(paths.agent_token))
+    paths.runtime_dir.mkdir(mode=0o700, exist_ok=True)
+    beacon_path = paths.runtime_dir / f"{args.node}.sock"
+    server = BeaconServer(beacon_path)
+    node_env["TRAINPOD_BEACON_SOCKET"] = str(beacon_path)
+    launcher = Launcher(node_env=node_env, on_change=on_change)
+    gpu_state = None if gpus else node_dir / "simgpu.json"
+    quota = spec.storage.node_scratch_quota_gib
+    checks = build_checks(
+        devices=group.devices_per_node,
+        gpus=gpus,
+        gpu_state=gpu_state,
+        scratch=scratch,
+        shared=Path(record.shared_dir),
+        quota_gib=quota,
+        min_free_gib=spec.storage.min_free_gib,
+        max_temperature_c=spec.health.max_temperature_c,
+        controller=(record.host, record.port),
+        reference=lambda: agent.controller_time() if agent else None,
+    )
     agent = Agent(
         node=args.node,
         address=args.address,
@@ -86,8 +111,17 @@ def main(argv: list[str] | None = None) -> None:
         lifecycle=lifecycle,
         node_env=node_env,
         facts=facts,
+        launcher=launcher,
         heartbeat_interval_s=spec.health.heartbeat_interval_s,
         teardown_grace_s=spec.recovery.teardown_grace_s,
+        beacons=server.book,
+        health=HealthMonitor(checks, interval_s=spec.health.check_interval_s, on_change=on_change),
+        deep=DeepChecker(
+            deep_runner(group.devices_per_node, scratch, gpu_state), on_change=on_change
+        ),
+        chaos=ChaosExecutor(
+            launcher=launcher, gpu_state=gpu_state, scratch=scratch, scratch_quota_gib=quota
+        ),
     )
 
     def stop(signum: int, _frame: FrameType | None) -> None:
@@ -98,7 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     threading.current_thread().name = f"agent-{args.node}"
-    agent.run()
+    try:
+        agent.run()
+    finally:
+        server.close()
 
 
 if __name__ == "__main__":

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from trainpod.api.models import (
+    ChaosOrder,
+    ChaosRequest,
     ClusterInfo,
     EventInfo,
     Heartbeat,
     JobInfo,
     LaunchPlan,
     LogChunk,
+    NodeAction,
     NodeInfo,
     Orders,
 )
@@ -23,6 +28,7 @@ from trainpod.controller.core import Controller
 from trainpod.controller.launch import rank_log_path
 from trainpod.errors import Conflict, NotFound, SpecError, TrainpodError
 from trainpod.spec.job import JobSpec
+from trainpod.telemetry.goodput import compute_goodput
 
 _STATUS = {SpecError: 400, NotFound: 404, Conflict: 409}
 _MAX_LOG_CHUNK = 256 * 1024
@@ -71,6 +77,21 @@ def create_app(
     @app.get("/v1/nodes", response_model=list[NodeInfo])
     def nodes() -> list[NodeInfo]:
         return controller.node_infos()
+
+    @app.post("/v1/nodes/{name}/actions", response_model=NodeInfo)
+    def node_action(name: str, action: NodeAction) -> NodeInfo:
+        controller.node_action(name, action)
+        return next(n for n in controller.node_infos() if n.name == name)
+
+    @app.post("/v1/chaos", response_model=ChaosOrder, status_code=201)
+    def chaos(req: ChaosRequest) -> ChaosOrder:
+        return controller.chaos(req)
+
+    @app.get("/v1/jobs/{job_id}/goodput")
+    def goodput(job_id: int) -> dict[str, Any]:
+        job = controller.job_info(job_id)
+        events = controller.event_infos(job_id=job_id)
+        return compute_goodput(job, events, time.time()).to_dict()
 
     @app.post("/v1/jobs", response_model=JobInfo, status_code=201)
     def submit(spec: JobSpec) -> JobInfo:

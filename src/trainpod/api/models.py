@@ -32,10 +32,42 @@ class RankReport(_Model):
     log_tail: str = ""
 
 
+class RankBeacon(_Model):
+    """What a rank's progress beacons say, as summarised by its agent."""
+
+    rank: int
+    first_at: float
+    last_at: float
+    age_s: float = Field(description="seconds since the last beacon, by the agent's clock")
+    first_step: int | None = None
+    last_step: int | None = None
+    steps: int = 0
+    step_time_s: float | None = None
+    last_checkpoint_step: int | None = None
+    checkpoint_stall_s: float = 0.0
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+
 class AttemptReport(_Model):
     attempt_id: int
     job_id: int
     ranks: list[RankReport]
+    beacons: list[RankBeacon] = Field(default_factory=list)
+
+
+class HealthResult(_Model):
+    check: str
+    status: Literal["ok", "warn", "fault"]
+    reason: str
+    simulated: bool = False
+    facts: dict[str, Any] = Field(default_factory=dict)
+
+
+class DeepCheckResult(_Model):
+    id: str
+    status: Literal["running", "ok", "warn", "fault"]
+    reason: str = ""
+    facts: dict[str, Any] = Field(default_factory=dict)
 
 
 class LifecycleResult(_Model):
@@ -67,6 +99,10 @@ class Heartbeat(_Model):
     )
     wait_s: float = Field(default=0.0, ge=0, le=30)
     leaving: bool = Field(default=False, description="the agent is shutting down on purpose")
+    health: list[HealthResult] = Field(default_factory=list)
+    deep_check: DeepCheckResult | None = None
+    chaos_done: list[str] = Field(default_factory=list, description="chaos order ids executed")
+    time: float = Field(default=0.0, description="the agent's wall clock when it sent this")
 
 
 class RankSlot(_Model):
@@ -91,14 +127,40 @@ class KillOrder(_Model):
     reason: str
 
 
+class DeepCheckOrder(_Model):
+    id: str
+    timeout_s: float
+
+
+ChaosFault = Literal[
+    "kill-worker",
+    "kill-agent",
+    "hang",
+    "xid79",
+    "ecc",
+    "thermal",
+    "disk-full",
+    "slow",
+]
+
+
+class ChaosOrder(_Model):
+    id: str
+    fault: ChaosFault
+    rank: int | None = None
+
+
 class Orders(_Model):
     launch: list[LaunchOrder] = Field(default_factory=list)
     kill: list[KillOrder] = Field(default_factory=list)
+    deep_check: DeepCheckOrder | None = None
+    chaos: list[ChaosOrder] = Field(default_factory=list)
     heartbeat_interval_s: float = 1.0
+    controller_time: float = Field(default=0.0, description="not part of the hash")
     hash: str = ""
 
     def sealed(self) -> Orders:
-        body = self.model_dump(exclude={"hash"})
+        body = self.model_dump(exclude={"hash", "controller_time"})
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
         return self.model_copy(update={"hash": digest})
 
@@ -117,6 +179,8 @@ class NodeInfo(_Model):
     agent_pid: int | None
     last_heartbeat: float | None
     facts: dict[str, Any]
+    drained: bool = False
+    repairs: int = 0
 
 
 class RankInfo(_Model):
@@ -188,6 +252,17 @@ class LaunchPlan(_Model):
     nodes: list[str]
     orders: dict[str, LaunchOrder]
     note: str = ""
+
+
+class NodeAction(_Model):
+    action: Literal["drain", "quarantine", "resume", "replace"]
+    reason: str = Field(min_length=1, description="why: recorded in the node and its events")
+
+
+class ChaosRequest(_Model):
+    node: str
+    fault: ChaosFault
+    rank: int | None = Field(default=None, description="which rank (default: the node's first)")
 
 
 class LogChunk(_Model):

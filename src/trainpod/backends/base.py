@@ -48,6 +48,12 @@ class Backend(ABC):
         """Stop and remove the cluster's state; keep the shared dir unless ``purge``."""
 
     @abstractmethod
+    def replace_node(self, node: str) -> None:
+        """Replace a node with a fresh instance (clean scratch, lifecycle scripts again).
+
+        Called by the controller to repair a quarantined node; blocking."""
+
+    @abstractmethod
     def processes(self) -> list[ProcessStatus]:
         """The cluster's processes and whether each is alive."""
 

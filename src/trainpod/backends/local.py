@@ -106,27 +106,47 @@ class LocalBackend(Backend):
             started.append(CONTROLLER)
         self.wait_ready(record)
         for node, gpus in self._node_slices(record).items():
-            proc = f"agent-{node}"
-            if is_ours(read_pid(p.pid_file(proc)), marker):
-                continue
-            spawn(
-                [
-                    sys.executable,
-                    "-m",
-                    "trainpod.agent.main",
-                    "--state-dir",
-                    marker,
-                    "--node",
-                    node,
-                    "--gpus",
-                    ",".join(gpus),
-                ],
-                log=p.node_dir(node) / "agent.log",
-                pid_file=p.pid_file(proc),
-                env=python_first_path(),
-            )
-            started.append(proc)
+            if not is_ours(read_pid(p.pid_file(f"agent-{node}")), marker):
+                self._spawn_agent(node, gpus)
+                started.append(f"agent-{node}")
         return started
+
+    def _spawn_agent(self, node: str, gpus: list[str]) -> None:
+        p = self.paths
+        spawn(
+            [
+                sys.executable,
+                "-m",
+                "trainpod.agent.main",
+                "--state-dir",
+                str(p.state_dir),
+                "--node",
+                node,
+                "--gpus",
+                ",".join(gpus),
+            ],
+            log=p.node_dir(node) / "agent.log",
+            pid_file=p.pid_file(f"agent-{node}"),
+            env=python_first_path(),
+        )
+
+    def replace_node(self, node: str) -> None:
+        """Replace a node like a new instance: stop its agent (and so its ranks), give it a
+        clean scratch dir and a fresh (simulated) GPU, then start a new agent, which runs
+        the lifecycle scripts again. Blocking; a few seconds."""
+        record = self._record()
+        p = self.paths
+        marker = str(p.state_dir)
+        pid = read_pid(p.pid_file(f"agent-{node}"))
+        if pid is not None:
+            terminate([pid], marker, grace_s=5.0)
+        scratch = Path(record.scratch_root) / node
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True, exist_ok=True)
+        node_dir = p.node_dir(node)
+        for leftover in ("lifecycle.ok", "simgpu.json"):
+            (node_dir / leftover).unlink(missing_ok=True)
+        self._spawn_agent(node, self._node_slices(record).get(node, []))
 
     def wait_ready(self, record: ClusterRecord, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Block until the controller answers, or raise with its log tail."""

@@ -52,8 +52,11 @@ def submit(
     name: str = typer.Option("", "--name"),
     env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE, repeatable"),
     workdir: Path = typer.Option(None, "--workdir", help="default: the current directory"),
-    auto_resume: bool = typer.Option(False, "--auto-resume"),
+    auto_resume: bool = typer.Option(False, "--auto-resume", help="recover from faults"),
     max_restarts: int = typer.Option(None, "--max-restarts"),
+    min_nodes: int = typer.Option(None, "--min-nodes", help="may shrink to this on no spare"),
+    hang_timeout_s: float = typer.Option(None, "--hang-timeout-s"),
+    startup_timeout_s: float = typer.Option(None, "--startup-timeout-s"),
     dry_run: bool = typer.Option(False, "--dry-run", help="show the launch plan; submit nothing"),
     wait: bool = typer.Option(False, "--wait", help="follow rank 0's log until the job ends"),
     as_json: bool = typer.Option(False, "--json"),
@@ -71,6 +74,9 @@ def submit(
         user=getpass.getuser(),
         auto_resume=auto_resume,
         max_restarts=max_restarts,
+        min_nodes=min_nodes,
+        hang_timeout_s=hang_timeout_s,
+        startup_timeout_s=startup_timeout_s,
     )
     with client_for(cluster) as client:
         if dry_run:
@@ -217,3 +223,20 @@ def events(
         )
         data = " ".join(f"{k}={v}" for k, v in e.data.items() if k != "log_tail")
         print(f"{when} {e.kind:<18} {who:<28} {data}")
+
+
+def goodput(
+    job_id: int = typer.Argument(...),
+    as_json: bool = typer.Option(False, "--json"),
+    cluster: str = CLUSTER_OPT,
+) -> None:
+    """Where a job's wall-clock time went: productive training and lost time by cause."""
+    from trainpod.cli.goodput import render
+    from trainpod.telemetry.goodput import compute_goodput
+
+    with client_for(cluster) as client:
+        report = compute_goodput(client.job(job_id), client.events(job_id=job_id), time.time())
+    if as_json:
+        console.print_json(json.dumps(report.to_dict()))
+    else:
+        render(report)

@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from trainpod.cli import cluster, jobs, nodes
+from trainpod.cli import chaos, cluster, jobs, nodes
 from trainpod.cli.render import err_console
 from trainpod.errors import Retryable, TrainpodError
 
@@ -17,7 +17,8 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(cluster.app, name="cluster")
-app.command("nodes")(nodes.nodes)
+app.add_typer(nodes.app, name="nodes")
+app.add_typer(chaos.app, name="chaos")
 app.command(
     "submit",
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
@@ -27,6 +28,7 @@ app.command("show")(jobs.show)
 app.command("logs")(jobs.logs)
 app.command("cancel")(jobs.cancel)
 app.command("events")(jobs.events)
+app.command("goodput")(jobs.goodput)
 
 
 @app.command("demo")

@@ -13,12 +13,15 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from trainpod.api.models import (
+    ChaosOrder,
+    ChaosRequest,
     ClusterInfo,
     EventInfo,
     Heartbeat,
     JobInfo,
     LaunchPlan,
     LogChunk,
+    NodeAction,
     NodeInfo,
     Orders,
 )
@@ -94,6 +97,15 @@ class TrainpodClient:
 
     def nodes(self) -> list[NodeInfo]:
         return self._call("GET", "/v1/nodes", list[NodeInfo])  # type: ignore[no-any-return]
+
+    def node_action(self, name: str, action: NodeAction) -> NodeInfo:
+        return self._call("POST", f"/v1/nodes/{name}/actions", NodeInfo, body=action)  # type: ignore[no-any-return]
+
+    def chaos(self, req: ChaosRequest) -> ChaosOrder:
+        return self._call("POST", "/v1/chaos", ChaosOrder, body=req)  # type: ignore[no-any-return]
+
+    def goodput(self, job_id: int) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}/goodput", dict[str, Any])  # type: ignore[no-any-return]
 
     # -- jobs -------------------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> JobInfo:

@@ -32,6 +32,12 @@ class ControllerConfig:
     heartbeat_timeout_s: float = 10.0
     teardown_grace_s: float = 5.0
     max_restarts: int = 3
+    hang_timeout_s: float = 120.0
+    straggler_factor: float = 1.5
+    straggler_checks: int = 5
+    auto_repair: bool = True
+    retire_after: int = 3
+    deep_check_timeout_s: float = 180.0
     extra: dict[str, str] = field(default_factory=dict)
 
     def checkpoint_for(self, job_id: int) -> tuple[str, str | None]:

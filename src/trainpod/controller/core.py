@@ -9,14 +9,17 @@ times a second and whenever something changed; tests call it directly with a fak
 from __future__ import annotations
 
 import logging
-import threading
 import time
+import uuid
 from collections import Counter
 from typing import Any
 
 from trainpod.api.models import (
     AttemptInfo,
     AttemptReport,
+    ChaosOrder,
+    ChaosRequest,
+    DeepCheckOrder,
     EventInfo,
     Heartbeat,
     JobInfo,
@@ -27,57 +30,25 @@ from trainpod.api.models import (
     Orders,
     RankInfo,
 )
-from trainpod.clock import Clock, SystemClock
-from trainpod.controller import judge as judging
-from trainpod.controller.config import ControllerConfig
+from trainpod.controller import progress
 from trainpod.controller.launch import launch_order
 from trainpod.controller.nodes import node_state_after_heartbeat
-from trainpod.controller.ports import PortAllocator, free_port
-from trainpod.controller.states import (
-    ATTEMPT_TRANSITIONS,
-    JOB_TRANSITIONS,
-    NODE_TRANSITIONS,
-    AttemptState,
-    JobState,
-    NodeState,
-    RankState,
-    check,
-)
+from trainpod.controller.policy import FaultKind
+from trainpod.controller.recovery import RecoveryMixin
+from trainpod.controller.states import AttemptState, JobState, NodeState, RankState
 from trainpod.errors import Conflict, NotFound, SpecError
 from trainpod.scheduler.fifo import FreeNode, Placement, QueuedJob, place
 from trainpod.spec.job import JobSpec
-from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow, JobRow, NodeRow
 
 log = logging.getLogger(__name__)
 
 _LIVE_NODE_STATES = {NodeState.SETTING_UP, NodeState.IDLE, NodeState.ALLOCATED, NodeState.FAILED}
+_FAULT_FREE = {NodeState.QUARANTINED, NodeState.REPAIRING, NodeState.RETIRED, NodeState.STOPPED}
+_NEEDS_RANK = {"kill-worker", "hang", "slow"}
 
 
-class Controller:
-    def __init__(
-        self,
-        store: Store,
-        config: ControllerConfig,
-        *,
-        clock: Clock | None = None,
-        ports: PortAllocator = free_port,
-    ) -> None:
-        self.store = store
-        self.cfg = config
-        self.clock = clock or SystemClock()
-        self._ports = ports
-        self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
-        self._version = 0
-        self.wakeup = threading.Event()  # set when step() has work to do
-        self._agents_seen: set[str] = set()  # agent ids heard from since this process started
-        self._agent_running: dict[str, set[int]] = {}  # node -> attempts with live ranks
-        self.started_at = self.clock.now()
-        self._order = {d.name: i for i, d in enumerate(config.nodes)}
-        self._queue: dict[int, QueuedJob] = {}  # parsed once per queued job
-        self._scheduled_at_version = -1
-
+class Controller(RecoveryMixin):
     # -- start-up -------------------------------------------------------------------------
     def bootstrap(self) -> None:
         """Bring the store in line with the spec; give agents a grace period to check in.
@@ -98,63 +69,6 @@ class Controller:
             self.store.touch_heartbeats(now)
             self.store.add_event(now, "controller_started", restarted=restarted)
             self._bump()
-
-    # -- internals ------------------------------------------------------------------------
-    def _bump(self) -> None:
-        self._version += 1
-        self._changed.notify_all()
-        self.wakeup.set()
-
-    def _set_node(self, node: NodeRow, state: NodeState, now: float, **fields: Any) -> None:
-        check("node", NODE_TRANSITIONS, node.state, state)
-        self.store.update_node(node.name, now, state=state, **fields)
-        if state != node.state:
-            self.store.add_event(
-                now,
-                "node_state",
-                node=node.name,
-                old=node.state.value,
-                new=state.value,
-                reason=fields.get("reason", ""),
-            )
-
-    def _set_job(self, job: JobRow, state: JobState, now: float, **fields: Any) -> None:
-        check("job", JOB_TRANSITIONS, job.state, state)
-        if state.ended:
-            fields.setdefault("ended_at", now)
-        self.store.update_job(job.id, now, state=state, **fields)
-        if state != job.state:
-            self.store.add_event(
-                now,
-                "job_state",
-                job_id=job.id,
-                old=job.state.value,
-                new=state.value,
-                reason=fields.get("reason", ""),
-            )
-
-    def _set_attempt(
-        self, attempt: AttemptRow, state: AttemptState, now: float, **fields: Any
-    ) -> None:
-        check("attempt", ATTEMPT_TRANSITIONS, attempt.state, state)
-        if state.ended:
-            fields.setdefault("ended_at", now)
-        self.store.update_attempt(attempt.id, state=state, **fields)
-        self.store.add_event(
-            now,
-            "attempt_state",
-            job_id=attempt.job_id,
-            attempt=attempt.number,
-            old=attempt.state.value,
-            new=state.value,
-            cause=fields.get("cause", attempt.cause),
-        )
-
-    def _job(self, job_id: int) -> JobRow:
-        job = self.store.job(job_id)
-        if job is None:
-            raise NotFound(f"no job {job_id} on cluster {self.cfg.cluster}; see `trainpod jobs`")
-        return job
 
     # -- jobs -----------------------------------------------------------------------------
     def _resolve(self, spec: JobSpec) -> tuple[JobSpec, str]:
@@ -199,6 +113,7 @@ class Controller:
                 partition=resolved.partition,
                 user=resolved.user,
                 command=resolved.command,
+                auto_resume=resolved.auto_resume,
             )
             self._bump()
         return job_id
@@ -244,11 +159,54 @@ class Controller:
             self.store.add_event(now, "cancel_requested", job_id=job_id)
             if job.state is JobState.QUEUED:
                 self._set_job(job, JobState.CANCELLED, now, reason="cancelled while queued")
+            elif job.state is JobState.RECOVERING and self._active_attempt(job_id) is None:
+                self._release_nodes(job_id, self._held_nodes(job_id), now)
+                self._set_job(job, JobState.CANCELLED, now, reason="cancelled while recovering")
             else:
                 for attempt in self.store.attempts(job_id):
                     self._reconcile(attempt.id, now, {})
             self._bump()
             return self._job(job_id)
+
+    # -- chaos ----------------------------------------------------------------------------
+    def chaos(self, req: ChaosRequest) -> ChaosOrder:
+        """Queue a fault for a node's agent to inject through a real mechanism."""
+        now = self.clock.now()
+        with self._lock, self.store.transaction():
+            node = self._node(req.node)
+            if node.agent_id is None or node.state in (NodeState.STOPPED, NodeState.RETIRED):
+                raise Conflict(f"{node.name} has no running agent to inject {req.fault} with")
+            rank = req.rank
+            if req.fault in _NEEDS_RANK:
+                running = self._running_ranks(node.name)
+                if not running:
+                    raise Conflict(f"{req.fault} needs a running rank on {node.name}; none is")
+                if rank is None:
+                    rank = running[0]
+                elif rank not in running:
+                    raise Conflict(f"rank {rank} is not running on {node.name}: {running}")
+            order = ChaosOrder(id=uuid.uuid4().hex[:12], fault=req.fault, rank=rank)
+            self._chaos.setdefault(node.name, []).append(order)
+            self.store.add_event(
+                now,
+                "chaos_injected",
+                node=node.name,
+                job_id=node.job_id,
+                fault=req.fault,
+                rank=rank,
+                id=order.id,
+            )
+            self._bump()
+            return order
+
+    def _running_ranks(self, node: str) -> list[int]:
+        return [
+            r.rank
+            for a in self.store.active_attempts()
+            if node in a.nodes
+            for r in self.store.ranks(a.id)
+            if r.node == node and r.state is RankState.RUNNING
+        ]
 
     # -- agents ---------------------------------------------------------------------------
     def heartbeat(self, hb: Heartbeat) -> Orders:
@@ -272,7 +230,7 @@ class Controller:
                     if self._version != version:
                         version = self._version
                         orders = self._orders_for(hb.node)
-            return orders
+            return orders.model_copy(update={"controller_time": self.clock.now()})
 
     def _record(self, hb: Heartbeat) -> None:
         now = self.clock.now()
@@ -296,6 +254,11 @@ class Controller:
             elif hb.agent_id not in self._agents_seen:
                 self.store.add_event(now, "agent_reconnected", node=node.name)
             self._agents_seen.add(hb.agent_id)
+            facts = {
+                **hb.facts,
+                "lifecycle": hb.lifecycle.model_dump(),
+                "health": [h.model_dump() for h in hb.health],
+            }
             self.store.update_node(
                 node.name,
                 now,
@@ -303,11 +266,15 @@ class Controller:
                 address=hb.address,
                 agent_id=hb.agent_id,
                 agent_pid=hb.agent_pid,
-                facts={**hb.facts, "lifecycle": hb.lifecycle.model_dump()},
+                facts=facts,
             )
-            target, reason = node_state_after_heartbeat(node, hb)
-            if target is not None and target != node.state:
-                self._set_node(node, target, now, reason=reason)
+            if node.state is NodeState.REPAIRING:
+                self._repair_on_heartbeat(node, hb, now)
+            else:
+                target, reason = node_state_after_heartbeat(node, hb)
+                if target is not None and target != node.state:
+                    self._set_node(node, target, now, reason=reason)
+            self._record_beacons(hb, now)
             touched = self._apply_reports(node.name, hb.attempts, now)
             if new_agent:
                 touched |= self._lose_unreported(node.name, hb.attempts, now)
@@ -317,7 +284,53 @@ class Controller:
             tails = {r.rank: r.log_tail for a in hb.attempts for r in a.ranks if r.log_tail}
             for attempt_id in touched:
                 self._reconcile(attempt_id, now, tails)
+            self._apply_health(self._node(node.name), hb, now)
+            if hb.chaos_done and node.name in self._chaos:
+                done = set(hb.chaos_done)
+                self._chaos[node.name] = [c for c in self._chaos[node.name] if c.id not in done]
             self._bump()
+
+    def _apply_health(self, node: NodeRow, hb: Heartbeat, now: float) -> None:
+        """A FAULT from any health check quarantines the node (and stops its attempt)."""
+        if node.state in _FAULT_FREE or hb.leaving:
+            return
+        faults = [h for h in hb.health if h.status == "fault"]
+        if not faults:
+            return
+        first = faults[0]
+        kind = FaultKind.GPU_FAULT if first.check == "gpu" else FaultKind.NODE_FAULT
+        reason = "; ".join(f"{h.check}: {h.reason}" for h in faults)
+        self._quarantine(node, reason, kind, now, repair=self.cfg.auto_repair)
+
+    def _record_beacons(self, hb: Heartbeat, now: float) -> None:
+        for rep in hb.attempts:
+            if not rep.beacons:
+                continue
+            attempt = self.store.attempt(rep.attempt_id)
+            if attempt is None or attempt.state.ended:
+                continue  # its book was summarised when it ended
+            mine = {r.rank for r in self.store.ranks(attempt.id) if r.node == hb.node}
+            beacons = [b for b in rep.beacons if b.rank in mine]  # never trust a rank number
+            if not beacons:
+                continue
+            book = self._beacons.setdefault(attempt.id, {})
+            for b in beacons:
+                book[b.rank] = (b, now)
+            if attempt.id in self._first_beacon_logged:
+                continue
+            self._first_beacon_logged.add(attempt.id)
+            if not self.store.has_event(attempt.job_id, "first_beacon", attempt.number):
+                first = min(beacons, key=lambda b: b.first_at)
+                self.store.add_event(
+                    now,
+                    "first_beacon",
+                    node=hb.node,
+                    job_id=attempt.job_id,
+                    attempt=attempt.number,
+                    at=first.first_at,
+                    step=first.first_step,
+                    rank=first.rank,
+                )
 
     def _apply_reports(self, node: str, reports: list[AttemptReport], now: float) -> set[int]:
         touched: set[int] = set()
@@ -388,76 +401,6 @@ class Controller:
                     touched.add(attempt.id)
         return touched
 
-    def _lose_rank(self, attempt: AttemptRow, rank: int, node: str, now: float, why: str) -> None:
-        self.store.update_rank(attempt.id, rank, state=RankState.LOST, ended_at=now)
-        self.store.add_event(
-            now,
-            "rank_lost",
-            node=node,
-            job_id=attempt.job_id,
-            attempt=attempt.number,
-            rank=rank,
-            reason=why,
-        )
-
-    def _reconcile(self, attempt_id: int, now: float, tails: dict[int, str]) -> None:
-        attempt = self.store.attempt(attempt_id)
-        if attempt is None:
-            return
-        job = self._job(attempt.job_id)
-        ranks = self.store.ranks(attempt.id)
-        verdict = judging.judge(attempt, ranks, cancel_requested=job.cancel_requested, tails=tails)
-        if verdict is None:
-            return
-        fields: dict[str, Any] = {}
-        if verdict.state is AttemptState.RUNNING:
-            fields["started_at"] = now
-        if verdict.cause:
-            fields["cause"] = verdict.cause
-        if verdict.failure:
-            fields["failure"] = verdict.failure
-        self._set_attempt(attempt, verdict.state, now, **fields)
-        self._after_attempt(job, attempt, verdict, now)
-
-    def _after_attempt(
-        self, job: JobRow, attempt: AttemptRow, verdict: judging.Verdict, now: float
-    ) -> None:
-        """Move the job along with its attempt, and free nodes once an attempt has ended."""
-        state = verdict.state
-        if state is AttemptState.RUNNING:
-            self._set_job(job, JobState.RUNNING, now, started_at=job.started_at or now)
-            if job.started_at is None:
-                self.store.add_event(now, "job_first_start", job_id=job.id)
-        elif state is AttemptState.STOPPING:
-            self._set_job(job, JobState.STOPPING, now, reason=self._reason(verdict))
-        elif state.ended:
-            self._release_nodes(attempt, now)
-            if state is AttemptState.SUCCEEDED:
-                self._set_job(job, JobState.COMPLETED, now, reason="")
-            elif state is AttemptState.CANCELLED:
-                self._set_job(job, JobState.CANCELLED, now, reason="cancelled by request")
-            else:
-                self._set_job(job, JobState.FAILED, now, reason=self._reason(verdict))
-
-    @staticmethod
-    def _reason(verdict: judging.Verdict) -> str:
-        if verdict.cause == judging.CAUSE_CANCEL:
-            return "cancelling"
-        text = judging.describe_failure(verdict.failure)
-        tail = str(verdict.failure.get("log_tail", "")).strip()
-        return f"{text}\n{tail}" if tail else text
-
-    def _release_nodes(self, attempt: AttemptRow, now: float) -> None:
-        for name in attempt.nodes:
-            node = self.store.node(name)
-            if node is None or node.job_id != attempt.job_id:
-                continue
-            if node.state is NodeState.ALLOCATED:
-                self._set_node(node, NodeState.IDLE, now, job_id=None, reason="")
-            else:
-                self.store.update_node(name, now, job_id=None)
-            self.store.add_event(now, "node_released", node=name, job_id=attempt.job_id)
-
     def _orders_for(self, node: str) -> Orders:
         launch: list[LaunchOrder] = []
         kill: list[KillOrder] = []
@@ -480,13 +423,23 @@ class Controller:
                 launch.append(self._launch_order(attempt, node))
         for attempt_id in sorted(self._agent_running.get(node, set()) - active):
             kill.append(KillOrder(attempt_id=attempt_id, grace_s=0.0, reason="attempt ended"))
+        deep = None
+        row = self.store.node(node)
+        if row is not None and row.state is NodeState.REPAIRING and row.repair.get("deep_check_id"):
+            deep = DeepCheckOrder(
+                id=row.repair["deep_check_id"], timeout_s=self.cfg.deep_check_timeout_s
+            )
         return Orders(
-            launch=launch, kill=kill, heartbeat_interval_s=self.cfg.heartbeat_interval_s
+            launch=launch,
+            kill=kill,
+            deep_check=deep,
+            chaos=list(self._chaos.get(node, [])),
+            heartbeat_interval_s=self.cfg.heartbeat_interval_s,
         ).sealed()
 
     def _launch_order(self, attempt: AttemptRow, node: str) -> LaunchOrder:
         job = self._job(attempt.job_id)
-        spec = JobSpec.model_validate(job.spec)
+        spec = self._spec(job)
         return launch_order(
             self.cfg,
             job_id=job.id,
@@ -498,26 +451,19 @@ class Controller:
             procs_per_node=spec.procs_per_node or 1,
             master_addr=attempt.master_addr,
             master_port=attempt.master_port,
+            restart_reason=attempt.restart_reason,
         )
-
-    def _address(self, node: str) -> str:
-        row = self.store.node(node)
-        return (row.address if row else None) or "127.0.0.1"
-
-    def _schedulable(self) -> list[NodeRow]:
-        return [
-            n
-            for n in self.store.nodes()
-            if n.state is NodeState.IDLE and not n.spare and n.role == "compute"
-        ]
 
     # -- the reconcile step ---------------------------------------------------------------
     def step(self) -> None:
-        """One pass of the control loop: liveness, then placement. Safe to call any time."""
+        """One pass of the control loop: liveness, progress, repair, recovery, placement."""
         self.wakeup.clear()
         now = self.clock.now()
         with self._lock, self.store.transaction():
             self._check_liveness(now)
+            self._check_progress(now)
+            self._repair_step(now)
+            self._retry_waiting(now)
             self._schedule(now)
 
     def _check_liveness(self, now: float) -> None:
@@ -528,7 +474,8 @@ class Controller:
             if node.agent_id is None or now - node.last_heartbeat <= timeout:
                 continue
             silent = now - node.last_heartbeat
-            self._set_node(node, NodeState.SUSPECT, now, reason=f"no heartbeat for {silent:.1f}s")
+            reason = f"node lost: no heartbeat for {silent:.1f}s"
+            self._set_node(node, NodeState.SUSPECT, now, reason=reason)
             for attempt in self.store.active_attempts():
                 if node.name not in attempt.nodes:
                     continue
@@ -536,6 +483,80 @@ class Controller:
                     if r.node == node.name and not r.state.ended:
                         self._lose_rank(attempt, r.rank, node.name, now, "node heartbeat lost")
                 self._reconcile(attempt.id, now, {})
+            self._quarantine(
+                self._node(node.name),
+                reason,
+                FaultKind.NODE_LOST,
+                now,
+                repair=self.cfg.auto_repair,
+                fault_at=node.last_heartbeat,
+            )
+            self._bump()
+
+    def _check_progress(self, now: float) -> None:
+        """Hangs (no beacon for hang_timeout_s) and persistent stragglers."""
+        for attempt in self.store.active_attempts():
+            if attempt.state is not AttemptState.RUNNING:
+                continue
+            job = self._job(attempt.job_id)
+            spec = self._spec(job)
+            book = self._beacons.get(attempt.id, {})
+            # Ranks that exited (0: any other exit stops the attempt) stopped beaconing on
+            # purpose; only the running ones can hang or straggle.
+            live = {r.rank for r in self.store.ranks(attempt.id) if not r.state.ended}
+            beacons = {rank: entry for rank, entry in book.items() if rank in live}
+            if book and not beacons:
+                continue  # every rank that beaconed is done; the rest never did
+            startup = spec.startup_timeout_s
+            if (
+                startup is not None
+                and not book
+                and self.store.has_event(job.id, "first_beacon", attempt.number)
+            ):
+                startup = None  # beacons flowed before this controller (re)started
+            hung = progress.hang(
+                beacons,
+                now=now,
+                started_at=attempt.started_at or now,
+                hang_timeout_s=spec.hang_timeout_s or self.cfg.hang_timeout_s,
+                startup_timeout_s=startup,
+            )
+            if hung is not None:
+                reason, fault_at = hung
+                failure = {"reason": reason, "fault_at": fault_at, "nodes": []}
+                self._stop_attempt(attempt, FaultKind.HANG.value, failure, now)
+                self._bump()
+                continue
+            for rank in progress.stragglers(
+                self._straggling,
+                attempt.id,
+                beacons,
+                factor=self.cfg.straggler_factor,
+                checks=self.cfg.straggler_checks,
+            ):
+                self._on_straggler(attempt, spec, rank, beacons, now)
+
+    def _on_straggler(
+        self, attempt: AttemptRow, spec: JobSpec, rank: int, beacons: Any, now: float
+    ) -> None:
+        ranks = {r.rank: r for r in self.store.ranks(attempt.id)}
+        node = self._node(ranks[rank].node)
+        b = beacons.get(rank)
+        step_time = b[0].step_time_s if b else None
+        self.store.add_event(
+            now,
+            "straggler_detected",
+            node=node.name,
+            job_id=attempt.job_id,
+            attempt=attempt.number,
+            rank=rank,
+            step_time_s=step_time,
+        )
+        groups = self.cfg.partitions.get(spec.partition or self.cfg.default_partition, [])
+        spare = any(v.free and v.healthy and v.group in groups for v in self._node_views())
+        if spec.auto_resume and spare:
+            reason = f"straggler: rank {rank} is persistently slower than its peers"
+            self._quarantine(node, reason, FaultKind.STRAGGLER, now, repair=self.cfg.auto_repair)
             self._bump()
 
     def _schedule(self, now: float) -> None:
@@ -547,48 +568,19 @@ class Controller:
             del self._queue[stale]
         for job_id in queued:
             if job_id not in self._queue:
-                spec = JobSpec.model_validate(self._job(job_id).spec)
+                spec = self._spec(self._job(job_id))
                 part = spec.partition or self.cfg.default_partition
                 groups = frozenset(self.cfg.partitions.get(part, []))
                 self._queue[job_id] = QueuedJob(id=job_id, nodes=spec.nodes, groups=groups)
         placements: list[Placement] = []
         if queued:
-            free = [
-                FreeNode(n.name, n.group) for n in sorted(self._schedulable(), key=self._node_order)
-            ]
+            free = [FreeNode(n.name, n.group) for n in self._schedulable()]
             placements = place([self._queue[j] for j in queued], free)
         for placement in placements:
             self._start_attempt(self._job(placement.job_id), list(placement.nodes), now)
         if placements:
             self._bump()
         self._scheduled_at_version = self._version
-
-    def _start_attempt(self, job: JobRow, nodes: list[str], now: float) -> None:
-        spec = JobSpec.model_validate(job.spec)
-        number = len(self.store.attempts(job.id)) + 1
-        addr = self._address(nodes[0])
-        port = self._ports(addr)
-        attempt_id = self.store.insert_attempt(
-            job.id, number, nodes, addr, port, spec.procs_per_node or 1, now
-        )
-        for name in nodes:
-            node = self.store.node(name)
-            assert node is not None
-            self._set_node(node, NodeState.ALLOCATED, now, job_id=job.id, reason="")
-        self._set_job(job, JobState.STARTING, now)
-        self.store.add_event(
-            now,
-            "attempt_created",
-            job_id=job.id,
-            attempt=number,
-            attempt_id=attempt_id,
-            nodes=nodes,
-            master_addr=addr,
-            master_port=port,
-        )
-
-    def _node_order(self, node: NodeRow) -> tuple[int, str]:
-        return (self._order.get(node.name, len(self._order)), node.name)
 
     # -- queries --------------------------------------------------------------------------
     def node_infos(self) -> list[NodeInfo]:
@@ -642,7 +634,7 @@ class Controller:
             name=job.name,
             state=job.state.value,
             reason=job.reason,
-            spec=JobSpec.model_validate(job.spec),
+            spec=self._spec(job),
             submitted_at=job.submitted_at,
             started_at=job.started_at,
             ended_at=job.ended_at,
@@ -682,4 +674,6 @@ def _node_info(n: NodeRow) -> NodeInfo:
         agent_pid=n.agent_pid,
         last_heartbeat=n.last_heartbeat,
         facts=n.facts,
+        drained=n.drained,
+        repairs=n.repairs,
     )

@@ -16,6 +16,7 @@ import uvicorn
 
 from trainpod.api.app import create_app
 from trainpod.api.models import ClusterInfo
+from trainpod.backends.base import backend_for
 from trainpod.controller.config import ControllerConfig, NodeDecl
 from trainpod.controller.core import Controller
 from trainpod.paths import ClusterPaths, ClusterRecord, read_secret
@@ -47,6 +48,12 @@ def config_from_record(record: ClusterRecord, paths: ClusterPaths) -> Controller
         heartbeat_timeout_s=spec.health.heartbeat_timeout_s,
         teardown_grace_s=spec.recovery.teardown_grace_s,
         max_restarts=spec.recovery.max_restarts,
+        hang_timeout_s=spec.health.hang_timeout_s,
+        straggler_factor=spec.health.straggler_factor,
+        straggler_checks=spec.health.straggler_checks,
+        auto_repair=spec.recovery.auto_repair,
+        retire_after=spec.recovery.retire_after,
+        deep_check_timeout_s=spec.recovery.deep_check_timeout_s,
     )
 
 
@@ -80,6 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     config = config_from_record(record, paths)
     store = Store.open(paths.db)
     controller = Controller(store, config)
+    backend = backend_for(record.backend, paths)
+    controller.repairer = backend.replace_node
     controller.bootstrap()
 
     def info() -> ClusterInfo:

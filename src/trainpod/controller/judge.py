@@ -17,7 +17,7 @@ from trainpod.controller.states import AttemptState, RankState
 from trainpod.store.rows import AttemptRow, RankRow
 
 CAUSE_CANCEL = "cancelled"
-CAUSE_RANK_FAILED = "rank_failed"
+CAUSE_RANK_FAILED = "crash"  # a rank exited non-zero or by a signal
 CAUSE_NODE_LOST = "node_lost"
 
 

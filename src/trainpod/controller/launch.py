@@ -97,6 +97,7 @@ def launch_order(
         master_port=master_port,
         restart_reason=restart_reason,
     )
+    env["TRAINPOD_ATTEMPT_ID"] = str(attempt_id)  # the progress beacon's address
     first = node_index * procs_per_node
     return LaunchOrder(
         attempt_id=attempt_id,

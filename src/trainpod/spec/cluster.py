@@ -88,6 +88,7 @@ ClusterName = Annotated[StrictStr, AfterValidator(_name_check(40, "cluster"))]
 GroupName = Annotated[StrictStr, AfterValidator(_name_check(30, "instance group"))]
 PartitionName = Annotated[StrictStr, AfterValidator(_name_check(30, "partition"))]
 Seconds = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Amount = Seconds  # a finite number that is not a duration (GiB, a factor, degrees)
 
 
 def _base_dir(info: ValidationInfo) -> Path:
@@ -170,6 +171,11 @@ class StorageSpec(_Model):
     checkpoint_uri: StrictStr | None = None
     """Durable checkpoint location, ``file:///abs/path`` or ``s3://bucket/prefix``. A bare
     path is accepted and stored as ``file://<absolute path>``. None: under the shared dir."""
+    node_scratch_quota_gib: Amount | None = Field(default=None, gt=0)
+    """Space each node may use in its scratch dir, in GiB; the disk check faults a node
+    past it. None: only the file system's free space counts."""
+    min_free_gib: Amount = Field(default=0.5, ge=0)
+    """Free space below which the disk check faults a node's scratch or the shared dir."""
 
     @field_validator("shared_dir", "node_scratch_root", mode="after")
     @classmethod
@@ -201,6 +207,17 @@ class HealthPolicy(_Model):
     """Seconds between two heartbeats of a node agent."""
     heartbeat_timeout_s: Seconds = Field(default=10.0, gt=0)
     """Seconds without a heartbeat before a node becomes suspect; above the interval."""
+    check_interval_s: Seconds = Field(default=2.0, gt=0)
+    """Seconds between two runs of a node's health checks (GPU, disk, memory, clock)."""
+    hang_timeout_s: Seconds = Field(default=120.0, gt=0)
+    """Seconds without a progress beacon, once a job has sent one, before it is declared
+    hung (jobs may override with --hang-timeout-s)."""
+    straggler_factor: Amount = Field(default=1.5, gt=1)
+    """A rank whose step time exceeds this multiple of its peers' median is a straggler."""
+    straggler_checks: StrictInt = Field(default=5, ge=1)
+    """Consecutive checks (one per heartbeat) a rank must straggle before it is flagged."""
+    max_temperature_c: Amount = Field(default=85.0, gt=0)
+    """GPU temperature above which the GPU check warns."""
 
     @model_validator(mode="after")
     def _timeout_above_interval(self) -> HealthPolicy:
@@ -221,7 +238,15 @@ class RecoveryPolicy(_Model):
     teardown_grace_s: Seconds = Field(default=5.0, ge=0)
     """Seconds a job's processes get to exit after SIGTERM before they are killed."""
     max_restarts: StrictInt = Field(default=3, ge=0)
-    """Default number of automatic restarts of a job after failures (jobs may override)."""
+    """Default number of automatic restarts of a job after failures (jobs may override).
+    Restarts caused by a node fault (GPU, lost node) do not count: they are not the job's."""
+    auto_repair: StrictBool = True
+    """Repair quarantined nodes automatically (a fresh instance: clean scratch, lifecycle
+    scripts again, then the deep health check) and return them to the pool."""
+    retire_after: StrictInt = Field(default=3, ge=1)
+    """Failed repairs after which a node is retired for good."""
+    deep_check_timeout_s: Seconds = Field(default=180.0, gt=0)
+    """Seconds the deep health check (burn-in) of a node may take."""
 
 
 class ClusterSpec(_Model):

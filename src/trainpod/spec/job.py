@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _RESERVED_ENV = (
     "RANK",
@@ -38,6 +38,24 @@ class JobSpec(BaseModel):
     max_restarts: int | None = Field(
         default=None, ge=0, description="None = the cluster's recovery.max_restarts"
     )
+    min_nodes: int | None = Field(
+        default=None, ge=1, description="continue on this many nodes when no spare is left"
+    )
+    hang_timeout_s: float | None = Field(
+        default=None, gt=0, description="no beacon for this long = hung; None = cluster's"
+    )
+    startup_timeout_s: float | None = Field(
+        default=None, gt=0, description="hung if no first beacon by then; None = never"
+    )
+
+    @model_validator(mode="after")
+    def _min_nodes_fit(self) -> JobSpec:
+        if self.min_nodes is not None and self.min_nodes > self.nodes:
+            raise ValueError(
+                f"--min-nodes {self.min_nodes} is more than --nodes {self.nodes}; "
+                "min_nodes is the smallest size the job may shrink to"
+            )
+        return self
 
     @field_validator("env")
     @classmethod

@@ -83,4 +83,11 @@ MIGRATIONS: list[str] = [
     CREATE TRIGGER events_no_delete BEFORE DELETE ON events
         BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
     """,
+    # 2: node repair bookkeeping and operator drains
+    """
+    ALTER TABLE nodes ADD COLUMN drained INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE nodes ADD COLUMN repairs INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE nodes ADD COLUMN repair TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE attempts ADD COLUMN restart_reason TEXT NOT NULL DEFAULT '';
+    """,
 ]

@@ -28,6 +28,9 @@ _NODE_COLUMNS = {
     "last_heartbeat",
     "facts",
     "devices",
+    "drained",
+    "repairs",
+    "repair",
 }
 _JOB_COLUMNS = {"state", "reason", "started_at", "ended_at", "cancel_requested"}
 _ATTEMPT_COLUMNS = {"state", "started_at", "ended_at", "cause", "failure"}
@@ -138,6 +141,13 @@ class Store:
             args.append(limit)
         return [EventRow.from_sql(r) for r in self._conn.execute(sql, args)]
 
+    def has_event(self, job_id: int, kind: str, attempt: int | None = None) -> bool:
+        row = self._conn.execute(
+            "SELECT 1 FROM events WHERE job_id = ? AND kind = ? AND attempt IS ? LIMIT 1",
+            (job_id, kind, attempt),
+        ).fetchone()
+        return row is not None
+
     # -- nodes --------------------------------------------------------------------------
     def insert_node(
         self, name: str, group: str, role: str, spare: bool, devices: int, ts: float
@@ -215,10 +225,11 @@ class Store:
         master_port: int,
         procs_per_node: int,
         ts: float,
+        restart_reason: str = "",
     ) -> int:
         cur = self._conn.execute(
             "INSERT INTO attempts(job_id, number, state, nodes, master_addr, master_port, "
-            "created_at) VALUES(?,?,?,?,?,?,?)",
+            "created_at, restart_reason) VALUES(?,?,?,?,?,?,?,?)",
             (
                 job_id,
                 number,
@@ -227,6 +238,7 @@ class Store:
                 master_addr,
                 master_port,
                 ts,
+                restart_reason,
             ),
         )
         attempt_id = int(cur.lastrowid or 0)

@@ -26,6 +26,9 @@ class NodeRow:
     last_heartbeat: float | None
     facts: dict[str, Any]
     updated_at: float
+    drained: bool = False
+    repairs: int = 0  # failed repairs so far
+    repair: dict[str, Any] = field(default_factory=dict)  # the repair in progress, if any
 
     @classmethod
     def from_sql(cls, r: sqlite3.Row) -> NodeRow:
@@ -44,6 +47,9 @@ class NodeRow:
             last_heartbeat=r["last_heartbeat"],
             facts=json.loads(r["facts"]),
             updated_at=r["updated_at"],
+            drained=bool(r["drained"]),
+            repairs=r["repairs"],
+            repair=json.loads(r["repair"]),
         )
 
 
@@ -125,6 +131,7 @@ class AttemptRow:
     ended_at: float | None
     cause: str
     failure: dict[str, Any] = field(default_factory=dict)
+    restart_reason: str = ""
 
     @classmethod
     def from_sql(cls, r: sqlite3.Row) -> AttemptRow:
@@ -141,6 +148,7 @@ class AttemptRow:
             ended_at=r["ended_at"],
             cause=r["cause"],
             failure=json.loads(r["failure"]),
+            restart_reason=r["restart_reason"],
         )
 
 

@@ -6,6 +6,12 @@ reported until the controller has acknowledged them, and a launch order is start
 once. Nothing runs by itself: a test starts ranks, ends them and beats, one step at a time,
 with the controller's (usually fake) clock. :func:`make_config` builds a small
 :class:`ControllerConfig` under a temporary directory.
+
+Beyond ranks, a fake agent reports what the real one's side channels would: progress
+beacons (:meth:`FakeAgent.progress`, summarised per rank as the agent's beacon book does),
+health check results (:meth:`FakeAgent.set_health`) and deep-check results
+(:meth:`FakeAgent.deep_check_result`). Chaos orders are recorded (not executed) and
+acknowledged on the next beat.
 """
 
 from __future__ import annotations
@@ -18,17 +24,24 @@ from typing import Any, Literal
 
 from trainpod.api.models import (
     AttemptReport,
+    ChaosOrder,
+    DeepCheckResult,
+    HealthResult,
     Heartbeat,
     LaunchOrder,
     LifecycleResult,
     LifecycleStatus,
     Orders,
+    RankBeacon,
     RankReport,
 )
+from trainpod.clock import Clock
 from trainpod.controller.config import ControllerConfig, NodeDecl
 from trainpod.controller.core import Controller
 
 Lifecycle = Literal["ok", "running", "failed"]
+HealthStatus = Literal["ok", "warn", "fault"]
+DeepStatus = Literal["running", "ok", "warn", "fault"]
 
 _pids = itertools.count(40_000)
 _agent_ids = itertools.count(1)
@@ -66,9 +79,39 @@ class _Rank:
 
 
 @dataclass
+class _Beacons:
+    """One rank's beacon book entry, summarised into a :class:`RankBeacon` at each beat."""
+
+    rank: int
+    first_at: float
+    last_at: float
+    first_step: int
+    last_step: int
+    steps: int = 1
+    step_time_s: float | None = None
+    last_checkpoint_step: int | None = None
+    checkpoint_stall_s: float = 0.0
+
+    def summary(self, now: float) -> RankBeacon:
+        return RankBeacon(
+            rank=self.rank,
+            first_at=self.first_at,
+            last_at=self.last_at,
+            age_s=max(0.0, now - self.last_at),
+            first_step=self.first_step,
+            last_step=self.last_step,
+            steps=self.steps,
+            step_time_s=self.step_time_s,
+            last_checkpoint_step=self.last_checkpoint_step,
+            checkpoint_stall_s=self.checkpoint_stall_s,
+        )
+
+
+@dataclass
 class _Run:
     order: LaunchOrder
     ranks: dict[int, _Rank] = field(default_factory=dict)
+    beacons: dict[int, _Beacons] = field(default_factory=dict)
 
 
 class FakeAgent:
@@ -77,6 +120,9 @@ class FakeAgent:
     ``agent_id`` defaults to a fresh id; pass the id of an earlier agent to model the same
     agent process reconnecting (after a controller restart), or call :meth:`restarted` to
     model a new agent process that knows nothing of its predecessor's ranks.
+
+    ``clock`` is the agent's own clock (beacon times, ``age_s``, the heartbeat's ``time``);
+    by default the controller's, so a test moves both with one FakeClock.
     """
 
     def __init__(
@@ -87,6 +133,7 @@ class FakeAgent:
         agent_id: str | None = None,
         address: str = "127.0.0.1",
         agent_pid: int | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.controller = controller  # public: point it at a restarted controller
         self.node = node
@@ -99,9 +146,19 @@ class FakeAgent:
         self.orders_hash: str | None = None
         self._runs: dict[int, _Run] = {}
         self._seen: set[int] = set()  # every attempt ever launched here; never launch twice
+        self._clock = clock
+        self.health: dict[str, HealthResult] = {}  # check -> latest result, sent every beat
+        self.deep_check: DeepCheckResult | None = None  # sent every beat once set
+        self.chaos: list[ChaosOrder] = []  # every chaos order received, in arrival order
+        self.ack_chaos = True  # acknowledge received chaos orders on the next beat
+        self._chaos_done: list[str] = []
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock if self._clock is not None else self.controller.clock
 
     def _now(self) -> float:
-        return self.controller.clock.now()
+        return self.clock.now()
 
     # -- the protocol -------------------------------------------------------------------
     def heartbeat(
@@ -122,6 +179,10 @@ class FakeAgent:
             orders_hash=self.orders_hash if wait_s else None,
             wait_s=wait_s,
             leaving=leaving,
+            health=[h for _, h in sorted(self.health.items())],
+            deep_check=self.deep_check,
+            chaos_done=list(self._chaos_done) if self.ack_chaos else [],
+            time=self._now(),
         )
 
     def beat(
@@ -136,9 +197,16 @@ class FakeAgent:
         hb = self.heartbeat(lifecycle, wait_s, leaving=leaving)
         orders = self.controller.heartbeat(hb)
         self._delivered(hb.attempts)
+        self._received_chaos(orders)
         self.orders = orders
         self.orders_hash = orders.hash
         return orders
+
+    def _received_chaos(self, orders: Orders) -> None:
+        """Record new chaos orders; acknowledge (on the next beat) those still ordered."""
+        known = {c.id for c in self.chaos}
+        self.chaos.extend(c for c in orders.chaos if c.id not in known)
+        self._chaos_done = [c.id for c in orders.chaos]
 
     def _delivered(self, reports: list[AttemptReport]) -> None:
         for rep in reports:
@@ -153,14 +221,78 @@ class FakeAgent:
 
     def reports(self) -> list[AttemptReport]:
         """What the agent reports about its ranks, as ``Launcher.reports`` does."""
+        now = self._now()
         return [
             AttemptReport(
                 attempt_id=aid,
                 job_id=run.order.job_id,
                 ranks=[r.report() for _, r in sorted(run.ranks.items())],
+                beacons=[b.summary(now) for _, b in sorted(run.beacons.items())],
             )
             for aid, run in sorted(self._runs.items())
         ]
+
+    # -- side channels ------------------------------------------------------------------
+    def progress(
+        self,
+        attempt_id: int,
+        rank: int,
+        step: int,
+        at: float | None = None,
+        step_time_s: float | None = None,
+        checkpoint_step: int | None = None,
+        checkpoint_stall_s: float = 0.0,
+    ) -> RankBeacon:
+        """Rank ``rank`` reports ``step`` at ``at`` (default: now, by the agent's clock).
+
+        The next beats carry the rank's summary (a :class:`RankBeacon` whose ``age_s`` is
+        measured at each beat). ``step_time_s`` defaults to the time per step since the
+        previous report, or the last known value. Raises KeyError for a rank this agent does
+        not run. Returns the summary as of now.
+        """
+        run = self._runs[attempt_id]
+        if rank not in run.ranks:
+            raise KeyError(f"rank {rank} of attempt {attempt_id} does not run on {self.node}")
+        at = self._now() if at is None else at
+        b = run.beacons.get(rank)
+        if b is None:
+            b = _Beacons(rank, first_at=at, last_at=at, first_step=step, last_step=step)
+            run.beacons[rank] = b
+        else:
+            if step_time_s is None and step > b.last_step and at >= b.last_at:
+                step_time_s = (at - b.last_at) / (step - b.last_step)
+            b.last_at = at
+            b.last_step = step
+            b.steps += 1
+        if step_time_s is not None:
+            b.step_time_s = step_time_s
+        if checkpoint_step is not None and (
+            b.last_checkpoint_step is None or checkpoint_step > b.last_checkpoint_step
+        ):
+            b.last_checkpoint_step = checkpoint_step
+        b.checkpoint_stall_s += checkpoint_stall_s
+        return b.summary(self._now())
+
+    def set_health(
+        self, check: str, status: HealthStatus = "ok", reason: str = "", **facts: Any
+    ) -> HealthResult:
+        """The latest result of health check ``check``, sent with every beat from now on."""
+        result = HealthResult(check=check, status=status, reason=reason, facts=facts)
+        self.health[check] = result
+        return result
+
+    def deep_check_result(
+        self, id: str | None = None, status: DeepStatus = "ok", reason: str = ""
+    ) -> DeepCheckResult:
+        """The result of deep check ``id`` (default: the one in the last orders), sent with
+        every beat from now on."""
+        if id is None:
+            ordered = self.orders.deep_check if self.orders is not None else None
+            if ordered is None:
+                raise ValueError(f"{self.node} holds no deep check order; pass its id")
+            id = ordered.id
+        self.deep_check = DeepCheckResult(id=id, status=status, reason=reason)
+        return self.deep_check
 
     # -- executing orders ---------------------------------------------------------------
     def start_ranks(self, orders: Orders | None = None) -> list[int]:
@@ -236,8 +368,9 @@ class FakeAgent:
         return sorted(self._runs)
 
     def restarted(self) -> FakeAgent:
-        """A new agent process on the same node: new id and pid, no ranks, no orders."""
-        return FakeAgent(self.controller, self.node, address=self.address)
+        """A new agent process on the same node: new id and pid, no ranks, no orders, no
+        health or deep-check results; the same clock."""
+        return FakeAgent(self.controller, self.node, address=self.address, clock=self._clock)
 
 
 def failed_script(
@@ -276,6 +409,12 @@ def make_config(
     heartbeat_timeout_s: float = 10.0,
     teardown_grace_s: float = 5.0,
     max_restarts: int = 3,
+    hang_timeout_s: float = 120.0,
+    straggler_factor: float = 1.5,
+    straggler_checks: int = 5,
+    auto_repair: bool = True,
+    retire_after: int = 3,
+    deep_check_timeout_s: float = 180.0,
 ) -> ControllerConfig:
     """A :class:`ControllerConfig` with its directories under ``root`` (created lazily).
 
@@ -304,4 +443,10 @@ def make_config(
         heartbeat_timeout_s=heartbeat_timeout_s,
         teardown_grace_s=teardown_grace_s,
         max_restarts=max_restarts,
+        hang_timeout_s=hang_timeout_s,
+        straggler_factor=straggler_factor,
+        straggler_checks=straggler_checks,
+        auto_repair=auto_repair,
+        retire_after=retire_after,
+        deep_check_timeout_s=deep_check_timeout_s,
     )

@@ -1,0 +1,559 @@
+"""Agent side of progress beacons: receive them, keep per-rank books, judge hangs and stragglers.
+
+:class:`BeaconServer` binds the node's Unix socket (``SOCK_SEQPACKET``) and feeds a
+:class:`BeaconBook` from a daemon thread. The wire format is described in
+:mod:`trainpod.beacon`. The policy functions (:func:`find_stragglers`,
+:class:`StragglerTracker`, :func:`hang_verdict`) are pure: they take a summary and times and
+return a verdict, so tests drive them with fake times.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import os
+import selectors
+import socket
+import stat
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainpod.beacon import WIRE_VERSION
+from trainpod.clock import Clock, SystemClock
+from trainpod.errors import Conflict, Fatal
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "AttemptBeacons",
+    "BeaconBook",
+    "BeaconServer",
+    "RankBeacons",
+    "StragglerTracker",
+    "find_stragglers",
+    "hang_verdict",
+]
+
+STEP_WINDOW = 50  # recent step durations kept per rank
+MAX_MESSAGE = 65536
+LISTEN_BACKLOG = 128
+UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
+MetricValue = float | int | str | bool
+_decode = json.JSONDecoder().decode
+
+
+# -- summaries ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RankBeacons:
+    """What the beacons of one rank of one attempt said. Times are the agent's ``time.time()``."""
+
+    rank: int
+    first_at: float
+    """When the agent received this rank's first beacon."""
+    last_at: float
+    """When the agent received this rank's latest beacon (report or heartbeat)."""
+    age_s: float
+    """Seconds from ``last_at`` to the moment the summary was taken."""
+    first_step: int | None
+    """The first step reported; None when only heartbeats came."""
+    last_step: int | None
+    """The latest step reported; None when only heartbeats came."""
+    steps: int
+    """How many step reports arrived (heartbeats not counted)."""
+    beacons: int
+    """How many messages arrived, heartbeats included."""
+    step_time_s: float | None
+    """Median seconds per step over the last ``STEP_WINDOW`` step advances (sender clock,
+    divided by the step increment, so reporting every k-th step still gives seconds per
+    step); None before two distinct increasing steps."""
+    last_checkpoint_step: int | None
+    """The highest ``checkpoint_step`` reported: steps after it are recomputed on a restart."""
+    checkpoint_stall_s: float
+    """Sum of the reported ``checkpoint_stall_s``."""
+    tokens: float
+    """Sum of the reported ``tokens``."""
+    metrics: dict[str, MetricValue]
+    """The metrics of the latest report that carried any (special keys included)."""
+
+
+@dataclass(frozen=True)
+class AttemptBeacons:
+    """The beacons of one attempt on this node, by rank. Empty when none arrived yet."""
+
+    attempt_id: int
+    taken_at: float
+    ranks: dict[int, RankBeacons] = field(default_factory=dict)
+
+    def step_times(self) -> dict[int, float]:
+        """Rank -> median step time, for the ranks that have one (input of the straggler check)."""
+        return {r: b.step_time_s for r, b in self.ranks.items() if b.step_time_s is not None}
+
+
+class _RankState:
+    """Mutable book entry; a slotted class because the receiver touches it per message."""
+
+    __slots__ = (
+        "beacons",
+        "durations",
+        "first_at",
+        "first_step",
+        "last_at",
+        "last_ckpt",
+        "last_step",
+        "last_t",
+        "metrics",
+        "stall_s",
+        "steps",
+        "tokens",
+    )
+
+    def __init__(self, now: float) -> None:
+        self.first_at = now
+        self.last_at = now
+        self.beacons = 0
+        self.steps = 0
+        self.first_step: int | None = None
+        self.last_step: int | None = None
+        self.last_t = 0.0  # sender time of last_step
+        self.durations: deque[float] = deque(maxlen=STEP_WINDOW)
+        self.metrics: dict[str, MetricValue] = {}
+        self.last_ckpt: int | None = None
+        self.stall_s = 0.0
+        self.tokens = 0.0
+
+    def record(
+        self, step: int | None, t: float, metrics: dict[str, Any] | None, now: float
+    ) -> None:
+        self.last_at = now
+        self.beacons += 1
+        if step is not None:
+            self.steps += 1
+            last = self.last_step
+            if last is None:
+                self.first_step = step
+            elif step > last and t >= self.last_t:
+                self.durations.append((t - self.last_t) / (step - last))
+            if step != last:  # a repeated step keeps its first time; a lower one restarts timing
+                self.last_step = step
+                self.last_t = t
+        if metrics:
+            self.metrics = metrics
+            ckpt = metrics.get("checkpoint_step")
+            if type(ckpt) is int and (self.last_ckpt is None or ckpt > self.last_ckpt):
+                self.last_ckpt = ckpt
+            stall = metrics.get("checkpoint_stall_s")
+            if isinstance(stall, (int, float)) and not isinstance(stall, bool):
+                self.stall_s += stall
+            tokens = metrics.get("tokens")
+            if isinstance(tokens, (int, float)) and not isinstance(tokens, bool):
+                self.tokens += tokens
+
+    def summary(self, rank: int, now: float) -> RankBeacons:
+        return RankBeacons(
+            rank=rank,
+            first_at=self.first_at,
+            last_at=self.last_at,
+            age_s=max(0.0, now - self.last_at),
+            first_step=self.first_step,
+            last_step=self.last_step,
+            steps=self.steps,
+            beacons=self.beacons,
+            step_time_s=statistics.median(self.durations) if self.durations else None,
+            last_checkpoint_step=self.last_ckpt,
+            checkpoint_stall_s=self.stall_s,
+            tokens=self.tokens,
+            metrics=dict(self.metrics),
+        )
+
+
+# A parsed message: (attempt_id, rank, step or None, sender time, metrics or None).
+Beacon = tuple[int, int, int | None, float, dict[str, Any] | None]
+
+
+class BeaconBook:
+    """Per (attempt, rank) books of received beacons. Thread-safe; every method is O(ranks).
+
+    ``forget(attempt_id)`` drops an attempt and ignores its late messages from then on (a
+    straggling process of an ended attempt cannot resurrect it).
+    """
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or SystemClock()
+        """Receive times and ``age_s`` come from it (the server stamps batches with it too)."""
+        self._lock = threading.Lock()
+        self._attempts: dict[int, dict[int, _RankState]] = {}
+        self._forgotten: set[int] = set()
+
+    def record(
+        self,
+        attempt_id: int,
+        rank: int,
+        step: int | None,
+        t: float,
+        metrics: dict[str, Any] | None = None,
+        *,
+        now: float | None = None,
+    ) -> None:
+        """Book one beacon (``step`` None: a heartbeat) received at ``now`` (default: clock)."""
+        self.record_many(
+            [(attempt_id, rank, step, t, metrics)], self.clock.now() if now is None else now
+        )
+
+    def record_many(self, beacons: Iterable[Beacon], now: float) -> None:
+        """Book a batch received at ``now`` under one lock acquisition (the server's path)."""
+        with self._lock:
+            attempts = self._attempts
+            for attempt_id, rank, step, t, metrics in beacons:
+                ranks = attempts.get(attempt_id)
+                if ranks is None:
+                    if attempt_id in self._forgotten:
+                        continue
+                    ranks = attempts[attempt_id] = {}
+                st = ranks.get(rank)
+                if st is None:
+                    st = ranks[rank] = _RankState(now)
+                st.record(step, t, metrics, now)
+
+    def summary(self, attempt_id: int) -> AttemptBeacons:
+        """A snapshot of one attempt (empty ``ranks`` when nothing arrived). Never raises."""
+        now = self.clock.now()
+        with self._lock:
+            ranks = self._attempts.get(attempt_id, {})
+            return AttemptBeacons(
+                attempt_id, now, {r: st.summary(r, now) for r, st in sorted(ranks.items())}
+            )
+
+    def attempts(self) -> list[int]:
+        """The attempts with at least one beacon, ascending."""
+        with self._lock:
+            return sorted(self._attempts)
+
+    def forget(self, attempt_id: int) -> None:
+        """Drop an attempt's books and ignore its later messages. Idempotent."""
+        with self._lock:
+            self._attempts.pop(attempt_id, None)
+            self._forgotten.add(attempt_id)
+
+
+# -- the socket ---------------------------------------------------------------------------
+def parse_beacon(data: bytes) -> Beacon | None:
+    """Decode one message; None when it is not a valid beacon (see :mod:`trainpod.beacon`)."""
+    try:
+        msg = _decode(data.decode())  # str, not bytes: json.loads(bytes) costs twice as much
+        a, r, t = msg["a"], msg["r"], msg["t"]
+        s = msg.get("s")
+        m = msg.get("m")
+        v = msg.get("v", WIRE_VERSION)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    if (
+        v != WIRE_VERSION  # a newer sender may mean something else by the same keys
+        or type(a) is not int
+        or type(r) is not int
+        or type(t) not in (float, int)
+        or (s is not None and type(s) is not int)
+        or (m is not None and type(m) is not dict)
+    ):
+        return None
+    return a, r, s, float(t), m
+
+
+class BeaconServer:
+    """Receives beacons on the Unix ``SOCK_SEQPACKET`` socket at ``path`` and books them.
+
+    The constructor binds (replacing a stale socket file left by a dead agent), listens and
+    starts a daemon thread; :meth:`close` stops it, closes every connection and removes the
+    file. Each training process holds one connection; the thread drains every readable
+    connection per wake-up and books the whole batch under one lock, so bursts of many
+    thousand messages a second cost little. When it still falls behind, a sender's buffer
+    fills and the *sender* drops (it never blocks).
+
+    Raises :class:`~trainpod.errors.Fatal` when ``path`` is too long for ``AF_UNIX`` or is
+    not a socket, :class:`~trainpod.errors.Conflict` when a live server already owns it.
+    ``mode``: permission bits of the socket file (only the agent's user can connect by default).
+    """
+
+    def __init__(self, path: Path, book: BeaconBook | None = None, *, mode: int = 0o600) -> None:
+        self.path = Path(path)
+        self.book = book if book is not None else BeaconBook()
+        self.received = 0
+        """Valid beacons booked so far."""
+        self.bad = 0
+        """Messages that were not valid beacons (ignored)."""
+        self._closing = False
+        self._accept_paused_until: float | None = None
+        self._listener = self._bind(self.path, mode)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._thread = threading.Thread(
+            target=self._run, name=f"beacons:{self.path.name}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def connections(self) -> int:
+        """Open sender connections (one per live training process that has reported)."""
+        watched = len(self._selector.get_map() or {})
+        return max(0, watched - (1 if self._accept_paused_until is not None else 2))
+
+    @staticmethod
+    def _bind(path: Path, mode: int) -> socket.socket:
+        size = len(os.fsencode(path))
+        if size > UNIX_PATH_MAX:
+            raise Fatal(
+                f"beacon socket path {str(path)!r} is {size} bytes, over the {UNIX_PATH_MAX}-byte"
+                " limit of Unix sockets; use a shorter scratch directory or TRAINPOD_HOME"
+            )
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            pass
+        else:
+            if not stat.S_ISSOCK(st.st_mode):
+                raise Fatal(f"beacon socket path {str(path)!r} exists and is not a socket; move it")
+            if _is_live(path):
+                raise Conflict(f"another agent already receives beacons on {str(path)!r}; stop it")
+            path.unlink(missing_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.bind(str(path))
+            os.chmod(path, mode)
+            sock.listen(LISTEN_BACKLOG)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    @property
+    def alive(self) -> bool:
+        """Whether the receiver thread is booking beacons (False after close or a crash)."""
+        return self._thread.is_alive() and not self._closing
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException:
+            # Say so loudly: without the receiver every attempt on this node would look hung.
+            log.exception("the beacon receiver on %s died; beacons are no longer booked", self.path)
+            raise
+
+    def _loop(self) -> None:
+        select, listener, wake = self._selector.select, self._listener, self._wake_r
+        while not self._closing:
+            timeout = None
+            if self._accept_paused_until is not None:
+                timeout = max(0.0, self._accept_paused_until - time.monotonic())
+                if timeout == 0.0:
+                    self._accept_paused_until = None
+                    self._selector.register(listener, selectors.EVENT_READ)
+                    timeout = None
+            parsed: list[Beacon] = []
+            for key, _ in select(timeout):
+                conn = key.fileobj
+                if conn is listener:
+                    self._accept()
+                elif conn is not wake:
+                    self._drain(conn, parsed)  # type: ignore[arg-type]  # only sockets registered
+            if parsed:
+                self.received += len(parsed)
+                self.book.record_many(parsed, self.book.clock.now())
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                # EMFILE and the like: the connection stays queued and the listener readable;
+                # stop watching it for a while rather than spin on it.
+                log.warning("cannot accept a beacon connection (%s); retrying in 1 s", exc)
+                self._selector.unregister(self._listener)
+                self._accept_paused_until = time.monotonic() + 1.0
+                return
+            conn.setblocking(False)
+            self._selector.register(conn, selectors.EVENT_READ)
+
+    def _drain(self, conn: socket.socket, parsed: list[Beacon]) -> None:
+        """Read every queued message of one connection; close it on EOF or error."""
+        recv, parse = conn.recv, parse_beacon
+        while True:
+            try:
+                data = recv(MAX_MESSAGE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:  # the sender closed (exited); SEQPACKET has no empty messages
+                self._selector.unregister(conn)
+                conn.close()
+                return
+            beacon = parse(data)
+            if beacon is None:
+                self.bad += 1
+            else:
+                parsed.append(beacon)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop receiving, close every connection and remove the socket file. Idempotent;
+        blocks up to ``timeout_s`` for the receiver thread."""
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        self._thread.join(timeout_s)
+        for key in list((self._selector.get_map() or {}).values()):
+            key.fileobj.close()  # type: ignore[union-attr]  # only sockets registered
+        if self._accept_paused_until is not None:
+            self._listener.close()
+        self._selector.close()
+        self._wake_w.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> BeaconServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _is_live(path: Path) -> bool:
+    """Whether some process still listens on the socket at ``path``."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    else:
+        return True
+    finally:
+        probe.close()
+
+
+# -- stragglers ---------------------------------------------------------------------------
+def find_stragglers(
+    step_times: Mapping[int, float], *, factor: float = 1.5, min_peers: int = 2
+) -> list[int]:
+    """Ranks whose step time exceeds ``factor`` x the median step time of the *other* ranks.
+
+    A rank is judged only against at least ``min_peers`` other ranks (so with two ranks and
+    the default, nobody is a straggler: it is not clear which one is slow). Comparing to the
+    others' median keeps one slow rank from raising its own bar. Pure; O(n log n); returns
+    ranks ascending.
+    """
+    n = len(step_times)
+    if n - 1 < max(min_peers, 1):
+        return []
+    values = sorted(step_times.values())
+    m = n - 1  # size of "the others"
+    lo, hi = (m - 1) // 2, m // 2
+    out = []
+    for rank, v in step_times.items():
+        i = bisect.bisect_left(values, v)  # remove one copy of v: others[j] = values[j + (j >= i)]
+        others_median = (values[lo + (lo >= i)] + values[hi + (hi >= i)]) / 2
+        if others_median > 0 and v > factor * others_median:
+            out.append(rank)
+    return sorted(out)
+
+
+class StragglerTracker:
+    """Flags a rank once it has been a straggler in ``persistent`` consecutive evaluations.
+
+    A rank is un-flagged (and its streak reset) by the first evaluation in which it is not a
+    straggler, or in which it has no step time. Not thread-safe; one per attempt.
+    """
+
+    def __init__(self, *, factor: float = 1.5, min_peers: int = 2, persistent: int = 3) -> None:
+        if persistent < 1:
+            raise ValueError(f"persistent must be >= 1, got {persistent}")
+        self.factor = factor
+        self.min_peers = min_peers
+        self.persistent = persistent
+        self._streaks: dict[int, int] = {}
+
+    def update(self, step_times: Mapping[int, float]) -> list[int]:
+        """Evaluate once; returns the flagged ranks, ascending."""
+        now = set(find_stragglers(step_times, factor=self.factor, min_peers=self.min_peers))
+        self._streaks = {r: self._streaks.get(r, 0) + 1 for r in now}
+        return self.flagged
+
+    @property
+    def flagged(self) -> list[int]:
+        """Ranks flagged after the last :meth:`update`, ascending."""
+        return sorted(r for r, n in self._streaks.items() if n >= self.persistent)
+
+
+# -- hangs --------------------------------------------------------------------------------
+def hang_verdict(
+    summary: AttemptBeacons,
+    *,
+    hang_timeout_s: float | None,
+    startup_timeout_s: float | None,
+    attempt_started_at: float,
+    now: float,
+    expected_ranks: Collection[int] | None = None,
+    ignore_ranks: Collection[int] = (),
+) -> str | None:
+    """A reason string when the attempt looks hung, else None. Pure.
+
+    * Before any beacon: hung only when ``startup_timeout_s`` is set and ``now -
+      attempt_started_at`` exceeds it. A job that never uses beacons is never flagged
+      otherwise.
+    * After the first beacon of any rank: hung when the *oldest* last beacon among the ranks
+      is older than ``hang_timeout_s`` (None: never). The oldest, not the newest: a stalled
+      collective stalls every rank, which either rule catches, but a single SIGSTOPped or
+      deadlocked rank whose peers still beacon (a side thread, no collective yet, loosely
+      coupled ranks) is a hang of the job too, and only the oldest catches it.
+    * ``expected_ranks``: the ranks that must beacon. Those that never did count as silent
+      since the first beacon of any rank. Leave it None for jobs that may report from rank 0
+      only (a common pattern), or they would be killed as hung.
+    * ``ignore_ranks``: ranks that exited and stopped beaconing on purpose.
+    """
+    if not summary.ranks:
+        waited = now - attempt_started_at
+        if startup_timeout_s is not None and waited > startup_timeout_s:
+            return (
+                f"no progress beacon from any rank {waited:.0f} s after the attempt started"
+                f" (startup_timeout_s={startup_timeout_s:g})"
+            )
+        return None
+    if hang_timeout_s is None:
+        return None
+    first_at = min(b.first_at for b in summary.ranks.values())
+    silent = [(b.last_at, r, b) for r, b in summary.ranks.items() if r not in ignore_ranks]
+    never = sorted(set(expected_ranks or ()) - set(summary.ranks) - set(ignore_ranks))
+    candidates: list[tuple[float, int, RankBeacons | None]] = [*silent]
+    candidates += [(first_at, r, None) for r in never]
+    if not candidates:
+        return None
+    since, rank, beacons = min(candidates, key=lambda c: (c[0], c[1]))
+    quiet = now - since
+    if quiet <= hang_timeout_s:
+        return None
+    if beacons is None:
+        return (
+            f"rank {rank} never sent a progress beacon, {quiet:.0f} s after the first beacon of"
+            f" the attempt (hang_timeout_s={hang_timeout_s:g})"
+        )
+    at = "no step yet" if beacons.last_step is None else f"last step {beacons.last_step}"
+    return (
+        f"rank {rank} sent no progress beacon for {quiet:.0f} s ({at};"
+        f" hang_timeout_s={hang_timeout_s:g})"
+    )

@@ -1,0 +1,170 @@
+"""The recovery ladder: a pure function from (job, fault, cluster snapshot) to a decision.
+
+| fault            | decision                                                               |
+|------------------|------------------------------------------------------------------------|
+| crash            | restart on the same nodes; the same failure twice in a row = user error |
+| hang             | restart on the same nodes (faulty ones were quarantined by their checks) |
+| gpu_fault, lost  | replace the bad nodes (spares first), restart; none free: wait, or      |
+|  node, straggler | shrink to ``min_nodes`` when the job allows it                          |
+| any, no resume   | fail with the reason (the job did not ask for --auto-resume)           |
+
+Crash and hang restarts count against ``max_restarts``; node faults do not, since they are
+not the job's doing, but they are capped at ``NODE_FAULT_RESTART_CAP``. The controller
+executes the decision; nothing here touches a store.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# Node faults are not the job's doing, so they do not use up max_restarts; but a job that
+# keeps taking nodes down (a kernel that triggers XIDs) must not cycle through the cluster.
+NODE_FAULT_RESTART_CAP = 10
+
+
+class FaultKind(str, enum.Enum):
+    CRASH = "crash"
+    HANG = "hang"
+    GPU_FAULT = "gpu_fault"
+    NODE_FAULT = "node_fault"  # disk full, memory, another failed health check
+    NODE_LOST = "node_lost"
+    STRAGGLER = "straggler"
+    QUARANTINED = "quarantined"  # an operator took a node away
+
+    @property
+    def node_fault(self) -> bool:
+        return self in _NODE_FAULTS
+
+
+_NODE_FAULTS = {
+    FaultKind.GPU_FAULT,
+    FaultKind.NODE_FAULT,
+    FaultKind.NODE_LOST,
+    FaultKind.STRAGGLER,
+    FaultKind.QUARANTINED,
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    reason: str
+    nodes: tuple[str, ...] = ()  # the nodes at fault (node faults) or where it showed (crash)
+    signature: str = ""  # what identifies "the same failure" (crash: exit code + last line)
+
+
+@dataclass(frozen=True)
+class JobView:
+    id: int
+    auto_resume: bool
+    max_restarts: int
+    restarts_used: int  # restarts so far that count against max_restarts
+    nodes: int
+    min_nodes: int | None
+    groups: frozenset[str]
+    attempt_nodes: tuple[str, ...]  # the nodes of the attempt that just failed
+    previous: Fault | None = None  # the fault that ended the attempt before this one
+    node_restarts_used: int = 0  # restarts after node faults (capped separately)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    group: str
+    spare: bool
+    healthy: bool  # not quarantined, suspect, failed, repairing or retired
+    free: bool  # idle and not drained
+
+
+@dataclass(frozen=True)
+class Restart:
+    nodes: tuple[str, ...]
+    replaced: dict[str, str] = field(default_factory=dict)  # bad node -> its replacement
+    counts: bool = True  # counts against max_restarts
+    reason: str = ""
+    shrunk: bool = False
+
+
+@dataclass(frozen=True)
+class Wait:
+    reason: str
+    keep: tuple[str, ...]  # healthy nodes the job holds on to while it waits
+
+
+@dataclass(frozen=True)
+class Fail:
+    reason: str
+
+
+Decision = Restart | Wait | Fail
+
+
+def decide(job: JobView, fault: Fault, nodes: Sequence[NodeView]) -> Decision:
+    """The next step for a job whose attempt failed with ``fault``."""
+    if not job.auto_resume:
+        return Fail(f"{fault.reason} (submit with --auto-resume to recover automatically)")
+    counts = not fault.kind.node_fault
+    if not counts and job.node_restarts_used >= NODE_FAULT_RESTART_CAP:
+        return Fail(
+            f"{fault.reason}; gave up after {job.node_restarts_used} restarts for node faults "
+            "in a row of attempts: the job itself may be breaking its nodes"
+        )
+    if counts and job.restarts_used >= job.max_restarts:
+        return Fail(f"{fault.reason}; gave up after {job.restarts_used} restarts (max_restarts)")
+    if (
+        fault.kind is FaultKind.CRASH
+        and job.previous is not None
+        and job.previous.kind is FaultKind.CRASH
+        and fault.signature
+        and fault.signature == job.previous.signature
+    ):
+        return Fail(
+            f"user error: the same failure twice on healthy nodes, not retrying: {fault.reason}"
+        )
+    by_name = {n.name: n for n in nodes}
+
+    def is_bad(name: str) -> bool:
+        view = by_name.get(name)
+        if view is None or not view.healthy:
+            return True
+        # A node at fault stays bad until it is back in the pool (repaired and free): a job
+        # waiting for a replacement may then take its own node back.
+        return fault.kind.node_fault and name in fault.nodes and not view.free
+
+    bad = [n for n in job.attempt_nodes if is_bad(n)]
+    if not bad:
+        return Restart(job.attempt_nodes, counts=counts, reason=f"restart after {fault.kind.value}")
+    keep = tuple(n for n in job.attempt_nodes if n not in bad)
+    pool = [
+        n
+        for n in nodes
+        if n.free and n.healthy and n.group in job.groups and n.name not in job.attempt_nodes
+    ]
+    pool.sort(key=lambda n: (not n.spare, n.name))  # hot spares first
+    if len(pool) >= len(bad):
+        replaced = dict(zip(bad, (n.name for n in pool), strict=False))
+        new = tuple(replaced.get(n, n) for n in job.attempt_nodes)
+        swaps = ", ".join(f"{b} -> {r}" for b, r in replaced.items())
+        return Restart(new, replaced, counts, f"replaced {swaps} after {fault.kind.value}")
+    if job.min_nodes is not None and len(keep) + len(pool) >= job.min_nodes:
+        extra = tuple(n.name for n in pool)
+        new = keep + extra
+        return Restart(
+            new,
+            dict(zip(bad, extra, strict=False)),
+            counts,
+            f"continuing on {len(new)} of {job.nodes} nodes (min_nodes {job.min_nodes}) "
+            f"after {fault.kind.value}",
+            shrunk=True,
+        )
+    return Wait(
+        f"waiting for a healthy node to replace {', '.join(bad)} ({fault.kind.value})", keep
+    )
+
+
+def crash_signature(exit_code: int | None, signal: int | None, log_tail: str) -> str:
+    """Two crashes are 'the same' when they end the same way: code and last log line."""
+    lines = [line.strip() for line in log_tail.strip().splitlines() if line.strip()]
+    return f"code={exit_code} signal={signal} last={lines[-1] if lines else ''}"

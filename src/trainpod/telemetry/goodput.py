@@ -1,0 +1,296 @@
+"""Goodput: where a job's wall clock went, from its record and its events only (never logs).
+
+``compute_goodput`` is pure (the caller passes ``now``). It walks the job's phases in order
+and gives each second of [submit, end] to at most one bucket, so they sum to the wall clock.
+Anything estimated, missing or inconsistent is said in ``notes``; odd events never raise.
+The buckets are defined in ``trainpod.telemetry``'s docstring.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trainpod.api.models import EventInfo, JobInfo
+
+BUCKETS = (  # in display order
+    "queued", "startup", "productive", "running_no_beacons", "checkpoint_stall", "recomputed",
+    "detection", "teardown", "restart", "waiting_for_spare", "reload", "shutdown", "unaccounted",
+)  # fmt: skip
+_ATTEMPT_ENDED = {"failed", "succeeded", "cancelled"}
+_JOB_ENDED = {"completed", "failed", "cancelled"}
+_RETRY = {"restart", "wait"}
+_EPS = 1e-3  # seconds of overlap or inversion worth a note (below: clock jitter)
+
+
+@dataclass(frozen=True)
+class FaultRecord:
+    attempt: int
+    fault: str
+    fault_at: float
+    detected_at: float
+    reason: str = ""
+    rank: int | None = None
+    nodes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AttemptTimeline:
+    """One attempt as the events tell it; ``replaced`` = nodes swapped out to create it."""
+
+    number: int
+    created_at: float | None = None
+    first_rank_at: float | None = None
+    first_beacon_at: float | None = None
+    last_beacon_at: float | None = None
+    ended_at: float | None = None
+    state: str = "unknown"
+    cause: str = ""
+    fault: str | None = None
+    fault_at: float | None = None
+    detected_at: float | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    nodes: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    recovery: str | None = None
+    waiting_since: float | None = None
+    step_time_s: float | None = None
+    checkpoint_stall_s: float = 0.0
+    last_checkpoint_step: int | None = None
+
+
+_A = AttemptTimeline
+_F = FaultRecord
+
+
+@dataclass(frozen=True)
+class GoodputReport:
+    job_id: int
+    state: str
+    submitted_at: float
+    ended_at: float | None
+    wall_s: float
+    buckets: dict[str, float]
+    goodput: float
+    ettr: float
+    lost_by_cause: dict[str, float]
+    attempts: list[AttemptTimeline]
+    faults: list[FaultRecord]
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _num(d: dict[str, Any], key: str, default: float | None = None) -> float | None:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        return default
+    return float(v)
+
+
+def _int(d: dict[str, Any], key: str) -> int | None:
+    return None if (v := _num(d, key)) is None else int(v)
+
+
+def _names(v: Any) -> list[str]:  # a list, or a dict's keys (old → new), or one name
+    return [str(x) for x in v] if isinstance(v, list | tuple | dict) else [str(v)] if v else []
+
+
+def _min(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+class _Sweep:
+    """Gives each second between ``start`` and ``end`` to at most one bucket, in order."""
+
+    def __init__(self, start: float, end: float, notes: list[str]) -> None:
+        self.cursor, self.end, self.notes = start, end, notes
+        self.b = dict.fromkeys(BUCKETS, 0.0)
+
+    def span(self, what: str, a: float | None, b: float | None) -> float:
+        if a is None or b is None:
+            return 0.0
+        if b < a - _EPS:
+            self.notes.append(f"{what}: ends {a - b:.3f}s before it starts; counted as 0")
+        elif self.cursor - a > _EPS and b > a:
+            over = min(self.cursor, b) - a
+            self.notes.append(f"{what}: overlaps the previous phase by {over:.3f}s; counted once")
+        if b > self.end + _EPS:
+            self.notes.append(f"{what}: runs {b - self.end:.3f}s past the end of the wall clock")
+        lo, hi = max(a, self.cursor), min(b, self.end)
+        if hi <= lo:
+            return 0.0
+        self.cursor = hi
+        return hi - lo
+
+    def add(self, bucket: str, a: float | None, b: float | None, label: str = "") -> None:
+        self.b[bucket] += self.span(f"{label}{bucket}", a, b)
+
+
+def _collect(job: JobInfo, evs: list[EventInfo], notes: list[str]) -> tuple[list[_A], list[_F]]:
+    atts: dict[int, AttemptTimeline] = {}
+    faults: list[FaultRecord] = []
+    replaced: dict[int, list[str]] = {}
+    for e in evs:
+        d = e.data
+        if e.attempt is None:  # job-level (job_state, ...): the job record has what we need
+            continue
+        a = atts.setdefault(e.attempt, AttemptTimeline(e.attempt))
+        if e.kind == "attempt_created":
+            a.created_at = _min(a.created_at, e.ts)
+            a.nodes = _names(d.get("nodes")) or a.nodes
+        elif e.kind == "rank_started":
+            a.first_rank_at = _min(a.first_rank_at, _num(d, "started_at", e.ts))
+        elif e.kind == "first_beacon":
+            a.first_beacon_at = _min(a.first_beacon_at, _num(d, "at", e.ts))
+            a.first_step = a.first_step if a.first_step is not None else _int(d, "step")
+        elif e.kind == "fault_detected":
+            fault_at = _num(d, "fault_at")
+            if fault_at is None:
+                notes.append(f"attempt {e.attempt}: fault without fault_at; used detection time")
+                fault_at = e.ts
+            faults.append(f := FaultRecord(
+                e.attempt, str(d.get("fault") or "unknown"), fault_at, e.ts,
+                str(d.get("reason") or ""), _int(d, "rank"), _names(d.get("nodes")),
+            ))  # fmt: skip
+            if a.fault is None or (a.fault == "straggler" and f.fault != "straggler"):
+                a.fault, a.fault_at, a.detected_at = f.fault, f.fault_at, f.detected_at
+        elif e.kind == "attempt_state" and a.state not in _ATTEMPT_ENDED and d.get("new"):
+            a.state, a.cause = str(d["new"]), str(d.get("cause") or a.cause)
+            a.ended_at = e.ts if a.state in _ATTEMPT_ENDED else None
+        elif e.kind == "attempt_progress":
+            a.first_step = _int(d, "first_step") if "first_step" in d else a.first_step
+            a.last_step = _int(d, "last_step")
+            a.first_beacon_at = _min(a.first_beacon_at, _num(d, "first_beacon_at"))
+            a.last_beacon_at = _num(d, "last_beacon_at")
+            step_time = _num(d, "step_time_s")  # a median; 0 or less is no answer
+            a.step_time_s = step_time if step_time is not None and step_time > 0 else None
+            a.checkpoint_stall_s = max(0.0, _num(d, "checkpoint_stall_s") or 0.0)
+            a.last_checkpoint_step = _int(d, "last_checkpoint_step")
+        elif e.kind == "recovery_decision":
+            a.recovery = str(d.get("action") or "")
+            a.waiting_since = _min(a.waiting_since, e.ts if a.recovery == "wait" else None)
+            replaced[e.attempt] = _names(d.get("replaced")) or replaced.get(e.attempt, [])
+    for info in job.attempts:  # the job record fills in what the events lack
+        a = atts.setdefault(info.number, AttemptTimeline(info.number))
+        starts = [r.started_at for r in info.ranks if r.started_at is not None]
+        a.first_rank_at = _min(a.first_rank_at, min(starts, default=info.started_at))
+        a.created_at = info.created_at if a.created_at is None else a.created_at
+        a.nodes, a.cause = a.nodes or list(info.nodes), a.cause or info.cause
+        if a.state not in _ATTEMPT_ENDED:
+            a.state, a.ended_at = info.state, info.ended_at
+    out = [atts[n] for n in sorted(atts)]
+    for prev, a in itertools.pairwise(out):
+        a.replaced = replaced.get(prev.number) or sorted(set(prev.nodes) - set(a.nodes))
+    return out, faults
+
+
+def _between(sw: _Sweep, prev: _A, created: float | None, first: float | None) -> None:
+    """Failed attempt's end → the next one's first rank: restart, maybe waiting for a spare."""
+    label, end, wait = f"attempt {prev.number}→{prev.number + 1}: ", prev.ended_at, None
+    if prev.waiting_since is not None:  # the decision may come before the teardown ends
+        wait = prev.waiting_since if end is None else max(prev.waiting_since, end)
+        sw.add("restart", end, wait, label)
+        sw.add("waiting_for_spare", wait, created, label)
+        end = created
+    sw.add("restart", end, first, label)
+
+
+def _beaconed(sw: _Sweep, a: _A, last: float | None, earlier: list[_A]) -> None:
+    """First → last beacon: productive, less recomputed steps and checkpoint stalls."""
+    label, prev = f"attempt {a.number}: ", earlier[-1] if earlier else None
+    hwm = max((x.last_step for x in earlier if x.last_step is not None), default=None)
+    span = sw.span(f"{label}beaconed time", a.first_beacon_at, last)
+    redo = 0.0
+    if hwm is not None and a.first_step is not None and a.first_step <= hwm:
+        top = hwm if a.last_step is None else min(hwm, a.last_step)
+        steps = max(0, top - a.first_step + 1)
+        step_time = (prev.step_time_s if prev else None) or a.step_time_s
+        if step_time is None:
+            sw.notes.append(f"{label}{steps} steps redone, but no step time to size them")
+        redo = steps * (step_time or 0.0)
+    stall = a.checkpoint_stall_s
+    if (over := redo + stall - span) > _EPS:
+        sw.notes.append(f"{label}recomputed + checkpoint stall exceed its beacons by {over:.3f}s")
+    redo = min(redo, span)
+    stall = min(stall, span - redo)
+    sw.b["recomputed"] += redo
+    sw.b["checkpoint_stall"] += stall
+    sw.b["productive"] += span - redo - stall
+
+
+def _attempt(sw: _Sweep, a: _A, earlier: list[_A], final: bool, ended: bool) -> None:
+    label = f"attempt {a.number}: "
+    if not earlier:
+        sw.add("queued", sw.cursor, a.created_at)
+        first = a.first_rank_at if a.first_beacon_at is None else a.first_beacon_at
+        sw.add("startup", a.created_at, first, label)
+    else:
+        _between(sw, earlier[-1], a.created_at, a.first_rank_at)
+        sw.add("reload", a.first_rank_at, a.first_beacon_at, label)
+    active = a.state not in _ATTEMPT_ENDED
+    end = sw.end if a.ended_at is None and final else a.ended_at
+    fault_at = a.fault_at if a.state == "failed" or (active and a.state == "stopping") else None
+    upto = fault_at if fault_at is not None else end
+    last = a.last_beacon_at
+    if a.first_beacon_at is None:
+        sw.notes.append(f"{label}sent no progress beacons: its run time is running_no_beacons")
+        sw.add("running_no_beacons", a.first_rank_at, upto, label)
+    elif last is None and active:
+        sw.notes.append(f"{label}still running: productive is estimated from its first beacon")
+        _beaconed(sw, a, upto, earlier)
+    elif last is None:
+        sw.notes.append(f"{label}no attempt_progress; time after its first beacon is unsplit")
+        sw.add("running_no_beacons", a.first_beacon_at, upto, label)
+    else:
+        _beaconed(sw, a, last, earlier)
+        sw.add("recomputed", last, fault_at, label)
+    if fault_at is not None:
+        sw.add("detection", fault_at, a.detected_at, label)
+        sw.add("teardown", a.detected_at, end, label)
+    elif a.state == "failed":
+        sw.notes.append(f"{label}failed without a fault_detected event; its end is unaccounted")
+    if final and ended:
+        clean = last is not None and fault_at is None and a.state != "failed"
+        sw.add("shutdown", last if clean else end, sw.end, label)
+
+
+def compute_goodput(job: JobInfo, events: Sequence[EventInfo], now: float) -> GoodputReport:
+    """Split ``job``'s wall clock (submit → end, or ``now`` while it runs) into BUCKETS."""
+    notes: list[str] = []
+    mine = sorted((e for e in events if e.job_id == job.id), key=lambda e: (e.ts, e.id))
+    attempts, faults = _collect(job, mine, notes)
+    start, job_ended = job.submitted_at, job.state in _JOB_ENDED
+    end = job.ended_at if job_ended else now
+    if end is None:
+        end = max([start] + [e.ts for e in mine])
+        notes.append(f"job {job.state} but has no end time; used its last event")
+    if end < start:
+        notes.append(f"job ends {start - end:.3f}s before it was submitted; wall clock is 0")
+        end = start
+    sw = _Sweep(start, end, notes)
+    last = attempts[-1] if attempts else None  # failed, and the job recovers (or did): restart
+    pending = last is not None and last.ended_at is not None and last.state == "failed"
+    pending = pending and (not job_ended or (last is not None and last.recovery in _RETRY))
+    for i, a in enumerate(attempts):
+        _attempt(sw, a, attempts[:i], a is last, job_ended and not pending)
+    if last is None:
+        sw.add("queued", start, end)
+    elif pending:
+        _between(sw, last, end, end)
+    wall, b = end - start, sw.b
+    b["unaccounted"] = max(0.0, wall - sum(b.values()))
+    if b["unaccounted"] > 0.5:
+        notes.append(f"{b['unaccounted']:.3f}s that no event explains is unaccounted")
+    lost = [(k, v) for k, v in b.items() if k != "productive" and v > 0]
+    goodput = min(1.0, b["productive"] / wall) if wall > 0 else 0.0
+    ettr = min(1.0, b["productive"] / (wall - b["queued"])) if wall > b["queued"] else 0.0
+    return GoodputReport(
+        job.id, job.state, start, end if job_ended else None, wall, dict(b), goodput, ettr,
+        dict(sorted(lost, key=lambda kv: -kv[1])), attempts, faults, notes,
+    )  # fmt: skip
