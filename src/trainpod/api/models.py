@@ -219,6 +219,9 @@ class JobInfo(_Model):
     started_at: float | None
     ended_at: float | None
     attempts: list[AttemptInfo] = Field(default_factory=list)
+    progress: dict[str, Any] | None = Field(
+        default=None, description="the running attempt's progress beacons, summarised"
+    )
 
 
 class EventInfo(_Model):

@@ -35,11 +35,12 @@ app.command("goodput")(jobs.goodput)
 def demo(
     steps: int = typer.Option(200, "--steps", help="training steps"),
     delete_after: bool = typer.Option(False, "--delete-after", help="delete the demo cluster"),
+    fault: str = typer.Option("xid79", "--fault", help="fault to inject halfway; 'none' for none"),
 ) -> None:
-    """Create a local cluster, train the GPT example across 2 nodes, show what happened."""
+    """Train the GPT example across 2 nodes, pull a GPU halfway, watch it heal and finish."""
     from trainpod.cli.demo import run_demo
 
-    run_demo(steps=steps, delete_after=delete_after)
+    run_demo(steps=steps, delete_after=delete_after, fault=None if fault == "none" else fault)
 
 
 def main() -> None:

@@ -82,7 +82,17 @@ def nodes_table(nodes: list[NodeInfo]) -> Table:
 
 def jobs_table(jobs: list[JobInfo]) -> Table:
     t = Table(box=None, pad_edge=False)
-    for col in ("JOB", "NAME", "USER", "STATE", "NODES", "ATTEMPT", "TIME", "NODELIST/REASON"):
+    for col in (
+        "JOB",
+        "NAME",
+        "USER",
+        "STATE",
+        "NODES",
+        "ATTEMPT",
+        "STEP",
+        "TIME",
+        "NODELIST/REASON",
+    ):
         t.add_column(col)
     for j in jobs:
         last = j.attempts[-1] if j.attempts else None
@@ -94,6 +104,7 @@ def jobs_table(jobs: list[JobInfo]) -> Table:
             styled(j.state),
             f"{j.spec.nodes}x{j.spec.procs_per_node}",
             str(last.number if last else "-"),
+            str((j.progress or {}).get("last_step", "-")),
             duration(j.started_at, j.ended_at),
             where if isinstance(where, str) else "".join(where),
         )

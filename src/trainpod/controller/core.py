@@ -639,7 +639,14 @@ class Controller(RecoveryMixin):
             started_at=job.started_at,
             ended_at=job.ended_at,
             attempts=attempts,
+            progress=self._live_progress(job.id),
         )
+
+    def _live_progress(self, job_id: int) -> dict[str, Any] | None:
+        attempt = self._active_attempt(job_id)
+        if attempt is None or attempt.id not in self._beacons:
+            return None
+        return {"attempt": attempt.number, **progress.summarise(self._beacons[attempt.id])}
 
     def event_infos(
         self,
