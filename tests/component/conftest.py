@@ -124,3 +124,6 @@ def cluster(make_cluster: MakeCluster) -> Cluster:
     c = make_cluster()
     c.up()
     return c
+
+
+from .healing import make_healing_cluster  # noqa: E402,F401  (fixture `make`)
