@@ -133,3 +133,33 @@ def pid_alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.fixture
+def make_cluster_from_spec(home: Path, tmp_path: Path) -> Iterator[Callable[[str], Cluster]]:
+    """Like ``make_cluster``, for a whole spec of the test's own (``{name}`` is filled in)."""
+    made: list[Cluster] = []
+
+    def make(spec_text: str, name: str = "t") -> Cluster:
+        spec_path = tmp_path / f"{name}.yaml"
+        spec_path.write_text(textwrap.dedent(spec_text).format(name=name))
+        paths = ClusterPaths.of(name)
+        backend = LocalBackend(paths)
+        record = backend.create(load_cluster_spec(spec_path), spec_path)
+        client = TrainpodClient(record.url, read_secret(paths.admin_token))
+        workdir = tmp_path / f"work-{name}"
+        workdir.mkdir()
+        c = Cluster(paths, record, backend, client, workdir)
+        made.append(c)
+        wait_until(
+            lambda: all(n.state in ("idle", "failed") for n in client.nodes()),
+            timeout_s=60,
+            what="nodes to finish setting up",
+        )
+        return c
+
+    yield make
+    for c in made:
+        c.client.close()
+        if c.paths.record.exists():
+            c.backend.delete(purge=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +40,9 @@ def spawn(argv: list[str], *, log: Path, pid_file: Path, env: dict[str, str] | N
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
     _children.append(proc)
+    # Reap it when it exits, so a long-lived parent (the controller replacing agents) keeps
+    # no zombies; is_ours() then sees it gone.
+    threading.Thread(target=proc.wait, daemon=True).start()
     pid_file.write_text(str(proc.pid))
     return proc.pid
 

@@ -251,6 +251,9 @@ class Controller(RecoveryMixin):
                     address=hb.address,
                     restarted=node.agent_id is not None,
                 )
+                # Chaos orders were for the old instance (a kill-agent order must not kill its
+                # replacement): a new agent starts with none.
+                self._chaos.pop(node.name, None)
             elif hb.agent_id not in self._agents_seen:
                 self.store.add_event(now, "agent_reconnected", node=node.name)
             self._agents_seen.add(hb.agent_id)
@@ -522,8 +525,15 @@ class Controller(RecoveryMixin):
                 startup_timeout_s=startup,
             )
             if hung is not None:
-                reason, fault_at = hung
-                failure = {"reason": reason, "fault_at": fault_at, "nodes": []}
+                reason, fault_at, rank = hung
+                where = {r.rank: r.node for r in self.store.ranks(attempt.id)}.get(rank or -1)
+                failure = {
+                    "reason": reason,
+                    "fault_at": fault_at,
+                    "rank": rank,
+                    "node": where,
+                    "nodes": [where] if where else [],
+                }
                 self._stop_attempt(attempt, FaultKind.HANG.value, failure, now)
                 self._bump()
                 continue

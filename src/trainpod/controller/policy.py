@@ -16,6 +16,7 @@ executes the decision; nothing here touches a store.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -166,5 +167,11 @@ def decide(job: JobView, fault: Fault, nodes: Sequence[NodeView]) -> Decision:
 
 def crash_signature(exit_code: int | None, signal: int | None, log_tail: str) -> str:
     """Two crashes are 'the same' when they end the same way: code and last log line."""
-    lines = [line.strip() for line in log_tail.strip().splitlines() if line.strip()]
+    lines = [_RANK_PREFIX.sub("", line).strip() for line in log_tail.splitlines()]
+    lines = [line for line in lines if line]
     return f"code={exit_code} signal={signal} last={lines[-1] if lines else ''}"
+
+
+# torch prefixes every line of a rank's traceback with "[rank3]: " once a process group
+# exists; which rank reports first must not make two identical failures look different.
+_RANK_PREFIX = re.compile(r"^\s*\[rank\d+\]:\s*")

@@ -24,8 +24,8 @@ def hang(
     started_at: float,
     hang_timeout_s: float,
     startup_timeout_s: float | None,
-) -> tuple[str, float] | None:
-    """(reason, when the job stopped progressing) if the attempt looks hung, else None.
+) -> tuple[str, float, int | None] | None:
+    """(reason, when the job stopped progressing, the silent rank) if hung, else None.
 
     Before any rank has sent a beacon, only ``startup_timeout_s`` applies (a job that never
     uses beacons is never called hung). After that, the rank whose last beacon is oldest
@@ -37,6 +37,7 @@ def hang(
             return (
                 f"no progress beacon within the startup timeout of {startup_timeout_s:g}s",
                 started_at,
+                None,
             )
         return None
     ages = {r: b.age_s + (now - received) for r, (b, received) in beacons.items()}
@@ -47,6 +48,7 @@ def hang(
             f"rank {rank} sent no progress beacon for {age:.1f}s (last step {b.last_step}, "
             f"hang_timeout {hang_timeout_s:g}s)",
             now - age,
+            rank,
         )
     return None
 

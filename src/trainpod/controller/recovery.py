@@ -137,10 +137,26 @@ class RecoveryMixin(ControllerBase):
         nodes = tuple(f.get("nodes") or ([f["node"]] if f.get("node") else []))
         reason = f.get("reason") or judging.describe_failure(f) or kind.value
         if kind is FaultKind.CRASH:
-            unhealthy = [n for n in nodes if (row := self.store.node(n)) and row.state in _HELD]
-            if unhealthy:  # the rank died with its hardware: a node fault, not the job's
+            # A rank that dies with its hardware, or whose peer's node died (Gloo/NCCL fail
+            # at once with "connection closed"), is a node fault, not the job's: look at
+            # every node of the attempt, not only the one whose rank exited first.
+            held = [
+                (n, row)
+                for n in attempt.nodes
+                if (row := self.store.node(n)) and row.state in _HELD | {NodeState.SUSPECT}
+            ]
+            if held:
+                name, row = held[0]
+                lost = row.state is NodeState.SUSPECT  # silent: quarantined in this same step
+                default = FaultKind.NODE_LOST if lost else FaultKind.GPU_FAULT
+                try:
+                    node_kind = FaultKind(row.repair.get("kind") or default.value)
+                except ValueError:
+                    node_kind = default
                 return Fault(
-                    FaultKind.GPU_FAULT, f"{reason} on faulty node {unhealthy[0]}", tuple(unhealthy)
+                    node_kind,
+                    f"{reason}; {name} failed at the same time: {row.reason}",
+                    tuple(n for n, _ in held),
                 )
             sig = crash_signature(f.get("exit_code"), f.get("signal"), f.get("log_tail", ""))
             return Fault(kind, reason, nodes, sig)
@@ -192,6 +208,20 @@ class RecoveryMixin(ControllerBase):
             self.store.update_attempt(
                 attempt.id, failure={**current.failure, "classified": classified}
             )
+            if fault.kind.value != attempt.cause:
+                # What looked like one thing when detected turned out another once torn down
+                # (a peer's crash caused by a node that died): say so, the log stays true.
+                self.store.add_event(
+                    now,
+                    "fault_classified",
+                    job_id=job.id,
+                    attempt=attempt.number,
+                    node=fault.nodes[0] if fault.nodes else None,
+                    fault=fault.kind.value,
+                    was=attempt.cause,
+                    nodes=list(fault.nodes),
+                    reason=fault.reason,
+                )
         decision = decide(view, fault, self._node_views())
         if job.cancel_requested and not isinstance(decision, Fail):
             # Cancelled while its fault was being torn down: never restart it.
