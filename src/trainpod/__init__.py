@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from trainpod.beacon import heartbeat, report
+from trainpod.ckpt import _trainpod_getattr as __getattr__  # noqa: F401 (trainpod.Checkpointer)
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,338 @@
+"""Checkpoint benchmark: training stall and time-to-durable, side by side on one state.
+
+Methods, interleaved run by run so that all see the same machine and disk:
+
+* ``memcpy (floor)``: ``Tensor.copy_`` of every tensor into buffers allocated beforehand:
+  the raw memory copy, the least any snapshot can stall;
+* ``torch.save``: to one file, then fsync (stall = time-to-durable);
+* ``dcp.save``: ``torch.distributed.checkpoint.save`` with ``FileSystemWriter`` (fsync on);
+* ``dcp.async_save``: default (thread executor, a fresh CPU copy per call);
+* ``dcp.async_save cached``: thread executor with one ``DefaultStager`` reused (its staging
+  buffers are cached between calls, like ours);
+* ``dcp.async_save process``: ``AsyncCheckpointerType.PROCESS`` (torchtitan's async mode;
+  pinned memory needs a GPU, which this machine lacks);
+* ``trainpod``: ``Checkpointer.save`` (stall = until it returns; time-to-durable = until the
+  durable tier's manifest is committed, after the shared-memory, scratch and durable copies).
+
+The state is a ~100M-parameter model (8 transformer blocks, d=1024) with its two Adam moments
+at fp32: ~1.2 GB. A world-1 Gloo process group is initialised (the PROCESS executor needs
+one). For the background methods it also times a stand-in training step (a matmul) while the
+save runs, to show the throughput dip. Medians of ``--runs`` runs after one warm-up round.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/checkpoint.py [--runs 3] [--params-m 100] [--dir /tmp] \\
+        [--json benchmarks/results/checkpoint.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+from trainpod.ckpt import Checkpointer
+
+DEFAULT_JSON = Path(__file__).parent / "results" / "checkpoint.json"
+TARGET_FLOOR_RATIO = 1.2
+
+
+def make_state(params_m: float) -> dict[str, Any]:
+    """Parameters and Adam moments of ``blocks`` transformer blocks (d=1024), ~params_m M."""
+    d = 1024
+    per_block = 4 * d * d + 2 * 4 * d * d  # attention q,k,v,o + MLP up/down
+    blocks = max(1, round(params_m * 1e6 / per_block))
+    state: dict[str, Any] = {"step": 1}
+    gen = torch.Generator().manual_seed(0)
+    for b in range(blocks):
+        shapes = {"q": (d, d), "k": (d, d), "v": (d, d), "o": (d, d), "up": (4 * d, d)}
+        shapes["down"] = (d, 4 * d)
+        for name, shape in shapes.items():
+            for kind in ("param", "exp_avg", "exp_avg_sq"):
+                state[f"{kind}.block{b}.{name}"] = torch.randn(shape, generator=gen)
+    return state
+
+
+def nbytes(state: dict[str, Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
+
+
+class Trainer:
+    """A stand-in training step (a matmul), to see what a background save costs it."""
+
+    def __init__(self) -> None:
+        self.a = torch.randn(384, 384)
+        self.b = torch.randn(384, 384)
+
+    def step(self) -> None:
+        for _ in range(8):
+            self.a = torch.tanh(self.a @ self.b)
+
+    def rate(self, seconds: float) -> float:
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            self.step()
+            n += 1
+        return n / (time.perf_counter() - t0)
+
+    def run_until(self, done: Callable[[], bool]) -> float:
+        """Steps/s while ``done()`` is false (the rate compared with :meth:`rate`)."""
+        n, t0 = 0, time.perf_counter()
+        while not done():
+            self.step()
+            n += 1
+        dt = time.perf_counter() - t0
+        return n / dt if dt > 0 else float("nan")
+
+
+def fsync_tree(path: Path) -> None:
+    for p in path.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+
+
+Sample = dict[str, float]
+"""One run of one method: ``stall_s``, ``durable_s``, ``bg_rate`` (training steps/s while the
+background save runs, over the idle rate) and, for trainpod, ``<tier>_s`` per commit."""
+
+
+class Bench:
+    def __init__(self, state: dict[str, Any], root: Path, trainer: Trainer) -> None:
+        self.state, self.root, self.trainer = state, root, trainer
+        self.floor_buf = {k: torch.empty_like(v) for k, v in state.items() if torch.is_tensor(v)}
+        self.stager = DefaultStager(StagingOptions(False, False, False, False))
+        self.commits: dict[tuple[str, int], float] = {}
+        self.cond = threading.Condition()
+        self.ck = Checkpointer(
+            root / "trainpod-durable",
+            memory=True,  # /dev/shm
+            scratch_dir=root / "trainpod-scratch",
+            keep=1,
+            every=1,
+            on_event=self._event,
+        )
+        self.step = 0
+
+    def _event(self, name: str, step: int) -> None:
+        if name.startswith("committed:"):
+            with self.cond:
+                self.commits[(name.split(":", 1)[1], step)] = time.perf_counter()
+                self.cond.notify_all()
+
+    def fresh(self, name: str) -> Path:
+        d = self.root / name
+        shutil.rmtree(d, ignore_errors=True)
+        return d
+
+    def memcpy(self) -> Sample:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for k, buf in self.floor_buf.items():
+                buf.copy_(self.state[k])
+        return {"stall_s": time.perf_counter() - t0}
+
+    def torch_save(self) -> Sample:
+        d = self.fresh("torch-save")
+        d.mkdir()
+        t0 = time.perf_counter()
+        with open(d / "state.pt", "wb") as f:
+            torch.save(self.state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        dt = time.perf_counter() - t0
+        return {"stall_s": dt, "durable_s": dt}
+
+    def dcp_save(self) -> Sample:
+        d = self.fresh("dcp")
+        t0 = time.perf_counter()
+        dcp.save(self.state, storage_writer=dcp.FileSystemWriter(d, sync_files=True))
+        dt = time.perf_counter() - t0
+        return {"stall_s": dt, "durable_s": dt}
+
+    def _async(self, d: Path, **kw: Any) -> Sample:
+        idle = self.trainer.rate(1.0)  # just before: the machine may be shared
+        t0 = time.perf_counter()
+        fut = dcp.async_save(self.state, storage_writer=dcp.FileSystemWriter(d), **kw)
+        stall = time.perf_counter() - t0
+        rate = self.trainer.run_until(fut.done)
+        fut.result()
+        ttd = time.perf_counter() - t0
+        return {"stall_s": stall, "durable_s": ttd, "bg_rate": rate / idle}
+
+    def async_save(self) -> Sample:
+        return self._async(self.fresh("dcp-async"))
+
+    def async_cached(self) -> Sample:
+        return self._async(self.fresh("dcp-async-cached"), async_stager=self.stager)
+
+    def async_process(self) -> Sample:
+        return self._async(
+            self.fresh("dcp-async-proc"), async_checkpointer_type=AsyncCheckpointerType.PROCESS
+        )
+
+    def trainpod(self) -> Sample:
+        self.step += 1
+        step = self.step
+        self.state["step"] = step
+        idle = self.trainer.rate(1.0)
+        t0 = time.perf_counter()
+        self.ck.save(step, self.state)
+        stall = time.perf_counter() - t0
+        rate = self.trainer.run_until(lambda: ("durable", step) in self.commits)
+        with self.cond:
+            self.cond.wait_for(lambda: ("durable", step) in self.commits, timeout=600)
+        out = {"stall_s": stall, "bg_rate": rate / idle}
+        for tier in ("memory", "scratch", "durable"):
+            out[f"{tier}_s"] = self.commits[(tier, step)] - t0
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--params-m", type=float, default=100.0)
+    ap.add_argument("--dir", default=None, help="where checkpoints go (a disk, not tmpfs)")
+    ap.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up /dev/shm on a kill
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29591")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    root = Path(tempfile.mkdtemp(prefix="tp-ckpt-bench-", dir=args.dir))
+    state = make_state(args.params_m)
+    params = sum(v.numel() for k, v in state.items() if k.startswith("param."))
+    size = nbytes(state)
+    print(f"state: {params / 1e6:.1f}M params + 2 Adam moments = {size / 1e9:.2f} GB, in {root}")
+    trainer = Trainer()
+    idle_rate = trainer.rate(2.0)  # also warms it up
+    bench = Bench(state, root, trainer)
+    methods: dict[str, Callable[[], Sample]] = {
+        "memcpy (floor)": bench.memcpy,
+        "torch.save": bench.torch_save,
+        "dcp.save": bench.dcp_save,
+        "dcp.async_save": bench.async_save,
+        "dcp.async_save cached": bench.async_cached,
+        "dcp.async_save process": bench.async_process,
+        "trainpod": bench.trainpod,
+    }
+    samples: dict[str, list[Sample]] = {m: [] for m in methods}
+    errors: dict[str, str] = {}
+    load = [os.getloadavg()[0]]
+    try:
+        for run in range(args.runs + 1):  # run 0 warms every method up and is not counted
+            for name, fn in methods.items():
+                if name in errors:
+                    continue
+                time.sleep(1.0)  # let the previous method's threads and the disk settle
+                try:
+                    got = fn()
+                except Exception as exc:  # report a method that cannot run here, go on
+                    errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+                    continue
+                if run:
+                    samples[name].append(got)
+                print(f"run {run} {name:24s} " + "  ".join(f"{k} {v:.3f}" for k, v in got.items()))
+            load.append(os.getloadavg()[0])
+        assert bench.ck.close(timeout_s=600)
+    finally:
+        memory = bench.ck.layout.memory if "bench" in locals() else None
+        dist.destroy_process_group()
+        shutil.rmtree(root, ignore_errors=True)
+        if memory is not None:
+            shutil.rmtree(memory.parent, ignore_errors=True)  # our /dev/shm tier
+    report(args, params, size, idle_rate, load, samples, errors)
+
+
+def _median(runs: list[Sample], key: str) -> float | None:
+    values = [r[key] for r in runs if key in r]
+    return statistics.median(values) if values else None
+
+
+def report(
+    args: argparse.Namespace,
+    params: int,
+    size: int,
+    idle_rate: float,
+    load: list[float],
+    samples: dict[str, list[Sample]],
+    errors: dict[str, str],
+) -> None:
+    keys = ("stall_s", "durable_s", "bg_rate", "memory_s", "scratch_s")
+    med = {n: {k: _median(runs, k) for k in keys} for n, runs in samples.items() if runs}
+    floor = med["memcpy (floor)"]["stall_s"]
+    assert floor is not None
+    print()
+    print(f"{'method':24s} {'stall s':>8s} {'x floor':>8s} {'GB/s':>6s} {'durable s':>10s} "
+          f"{'train rate in bg':>17s}")  # fmt: skip
+    for name, m in med.items():
+        stall = m["stall_s"] or 0.0
+        ttd = "-" if m["durable_s"] is None else f"{m['durable_s']:.2f}"
+        bg = "-" if m["bg_rate"] is None else f"{m['bg_rate']:.0%}"
+        print(f"{name:24s} {stall:8.3f} {stall / floor:8.2f} {size / stall / 1e9:6.2f} "
+              f"{ttd:>10s} {bg:>17s}")  # fmt: skip
+    for name, why in errors.items():
+        print(f"{name:24s} could not run here: {why}")
+    t = med["trainpod"]
+    ours = t["stall_s"]
+    assert ours is not None
+    print(f"trainpod commits: memory {t['memory_s']:.2f} s, scratch {t['scratch_s']:.2f} s, "
+          f"durable {t['durable_s']:.2f} s after save() was called")  # fmt: skip
+    asyncs = [m["stall_s"] for n, m in med.items() if n.startswith("dcp.async_save")]
+    best_async = min(s for s in asyncs if s is not None)
+    verdict = {
+        "stall_within_1.2x_floor": ours <= TARGET_FLOOR_RATIO * floor,
+        "stall_not_worse_than_async_save": ours <= best_async,
+    }
+    ok = {k: "PASS" if v else "FAIL" for k, v in verdict.items()}
+    print(f"trainpod stall {ours:.3f} s = {ours / floor:.2f}x the memcpy floor {floor:.3f} s "
+          f"(target <= {TARGET_FLOOR_RATIO}x: {ok['stall_within_1.2x_floor']}); "
+          f"best dcp.async_save stall {best_async:.3f} s "
+          f"(not worse: {ok['stall_not_worse_than_async_save']})")  # fmt: skip
+    print(f"load average during the run: {min(load):.1f}..{max(load):.1f} on {os.cpu_count()} CPUs")
+    out = {
+        "benchmark": "checkpoint",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "platform": platform.platform(),
+            "load_average": load,
+        },
+        "runs": args.runs,
+        "params": params,
+        "state_bytes": size,
+        "idle_train_steps_per_s": idle_rate,
+        "median": med,
+        "samples": samples,
+        "errors": errors,
+        "targets": verdict,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,332 @@
+"""The public :class:`Checkpointer`."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import time
+import warnings
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from trainpod import beacon
+from trainpod.ckpt.coll import Coll
+from trainpod.ckpt.errors import CheckpointConfigError, CheckpointError
+from trainpod.ckpt.layout import Layout, resolve, young_daly_s
+from trainpod.ckpt.layout import mtbf_s as mtbf_s_of
+from trainpod.ckpt.loader import LoadResult, load_latest
+from trainpod.ckpt.pipeline import Pipeline
+from trainpod.ckpt.records import Ctx, EventHook, Progress, Snapshot
+from trainpod.ckpt.staging import Stager
+from trainpod.ckpt.tiers import FsTier, Meter, PeerTier, Tier
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KEEP = {"memory": 2, "scratch": 2, "peer": 1, "durable": 3}
+AUTO_WARMUP_STEPS = 5
+"""With ``interval="auto"``: steps timed before the first save, and from it to the second."""
+
+
+def default_tiers(
+    layout: Layout,
+    *,
+    keep: Mapping[str, int],
+    peer: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
+) -> list[Tier]:
+    """memory → scratch → peer → durable, as far as ``layout`` has them (fastest first)."""
+    from fsspec.core import url_to_fs  # type: ignore[import-untyped]  # no type hints
+
+    tiers: list[Tier] = []
+    if layout.memory is not None:
+        mem = FsTier("memory", layout.memory, node=layout.node, keep=keep["memory"], sync=False)
+        tiers.append(mem)
+    if layout.scratch is not None:
+        tiers.append(FsTier("scratch", layout.scratch, node=layout.node, keep=keep["scratch"]))
+    holder = layout.peer_of(layout.node)
+    if peer and holder is not None and layout.scratch_base is not None:
+        roots = {n: r for n in layout.nodes if (r := layout.peer_root(n)) is not None}
+        tiers.append(PeerTier(layout.node, holder, roots, keep=keep["peer"]))
+    if layout.durable:
+        try:
+            fs, path = url_to_fs(layout.durable, **dict(storage_options or {}))
+        except (ImportError, ValueError) as exc:
+            raise CheckpointConfigError(
+                f"durable store {layout.durable!r}: {exc}; install its fsspec backend "
+                "(s3fs for s3://) or pass dir= a local path"
+            ) from exc
+        tiers.append(
+            FsTier(
+                "durable",
+                path,
+                fs=fs,
+                keep=keep["durable"],
+                throttled=True,
+                retry=True,
+            )
+        )
+    return tiers
+
+
+class Checkpointer:
+    """Tiered asynchronous checkpoints of a training state, in PyTorch DCP format.
+
+    ``save`` blocks only for the copy into staging memory; writing into the shared-memory
+    tier, the commit and the copies to scratch, peer and durable tiers run on two background
+    threads, each with its own Gloo process group (none outside a distributed run).
+
+    Construct it on every rank at the same point (with ``torch.distributed`` initialized, it
+    creates two process groups, a collective). ``save``, ``load_latest``, ``due``, ``wait``
+    and ``close`` are collective in effect and must be called by every rank in the same
+    order, from the training thread; ``progress`` and ``last_load`` may be read from any
+    thread.
+
+    Args:
+        dir: durable location (path or fsspec URL). Default: ``TRAINPOD_CHECKPOINT_DIR`` or
+            ``TRAINPOD_CHECKPOINT_URI``.
+        every: save when ``step % every == 0``. Exclusive with ``interval``.
+        interval: ``"auto"`` (the default when ``every`` is None): Young/Daly from the
+            measured stall, the step time and the MTBF (``mtbf_s``, else ``TRAINPOD_MTBF_S``,
+            else 4 h), agreed by all ranks.
+        keep: checkpoints kept per tier, one int for all or a mapping by tier name.
+        memory: shared-memory tier on (``/dev/shm/trainpod``), off, or rooted at a path.
+        scratch_dir: node scratch root (default: ``TRAINPOD_JOB_SCRATCH_DIR``).
+        peer: copy each node's part to the next node's scratch when there are several nodes.
+        storage_options: passed to fsspec for the durable URL.
+        bandwidth_bps: cap on bytes/s copied to peer and durable tiers (None: unlimited).
+        verify: check SHA-256 of every file read at load (a size check only when False).
+        tiers: replace the default tiers (first = node-local primary written by DCP).
+        on_event: ``(event, step)`` hook called from the background threads.
+        timeout_s: timeout of the checkpointer's process groups.
+        retry_base_s: first backoff of a failed durable copy (doubling up to 60 s).
+
+    Raises:
+        CheckpointConfigError: no durable location and no ``tiers``, or no local tier.
+    """
+
+    def __init__(
+        self,
+        dir: str | os.PathLike[str] | None = None,
+        *,
+        every: int | None = None,
+        interval: Literal["auto"] | None = None,
+        keep: int | Mapping[str, int] | None = None,
+        memory: bool | str | os.PathLike[str] = True,
+        scratch_dir: str | os.PathLike[str] | None = None,
+        peer: bool = True,
+        storage_options: Mapping[str, Any] | None = None,
+        bandwidth_bps: float | None = None,
+        mtbf_s: float | None = None,
+        verify: bool = True,
+        tiers: Sequence[Tier] | None = None,
+        on_event: EventHook | None = None,
+        timeout_s: float = 1800.0,
+        retry_base_s: float = 1.0,
+    ) -> None:
+        if every is not None and interval is not None:
+            raise CheckpointConfigError(f"got every={every} and interval={interval!r}; pass one")
+        if every is not None and every < 1:
+            raise CheckpointConfigError(f"every must be >= 1, got {every}")
+        if interval not in (None, "auto"):
+            raise CheckpointConfigError(f"interval must be 'auto' or None, got {interval!r}")
+        self.every = every
+        self._mtbf_s = mtbf_s_of(mtbf_s)
+        self.layout = resolve(
+            dir, memory=memory, scratch_dir=scratch_dir, require_durable=tiers is None
+        )
+        kept = dict(DEFAULT_KEEP)
+        if isinstance(keep, int):
+            kept = dict.fromkeys(kept, keep)
+        elif keep is not None:
+            kept.update(keep)
+        self.tiers = (
+            list(tiers)
+            if tiers is not None
+            else default_tiers(self.layout, keep=kept, peer=peer, storage_options=storage_options)
+        )
+        primary = self.tiers[0] if self.tiers else None
+        if not (isinstance(primary, FsTier) and primary.local and primary.node_scoped):
+            raise CheckpointConfigError(
+                f"the first tier must be a node-local directory DCP can write to, got {primary!r};"
+                " enable memory=True or give scratch_dir="
+            )
+        self._write_coll = Coll.create(timeout_s)
+        self._copy_coll = Coll.create(timeout_s)
+        if self._write_coll.group is None:  # DCP warns on every single-process call
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        nodes = self._write_coll.all_gather(self.layout.node)
+        rank = self._write_coll.rank
+        ring = self.layout.nodes if len(self.layout.nodes) > 1 else tuple(dict.fromkeys(nodes))
+        self.ctx = Ctx(
+            rank=rank,
+            world_size=self._write_coll.world_size,
+            node=self.layout.node,
+            nodes=ring,
+            leader=rank == min(r for r, n in enumerate(nodes) if n == self.layout.node),
+            job=self.layout.job_key,
+            attempt=self.layout.attempt,
+        )
+        self.verify = verify
+        self.meter = Meter(bandwidth_bps, on_progress=self._report_progress)
+        self._stager = Stager()
+        self._pipe = Pipeline(
+            self.ctx,
+            self._write_coll,
+            self._copy_coll,
+            primary,
+            self.tiers[1:],
+            self.meter,
+            report=self._report,
+            on_event=on_event,
+            retry_base_s=retry_base_s,
+        )
+        self._pipe.start()
+        self.last_load: LoadResult | None = None
+        """What the last :meth:`load_latest` did, with the reasons for any fallback."""
+        self.last_stall_s: float | None = None
+        self._stall_ema: float | None = None
+        self._last_step = 0
+        self._saved_step: int | None = None
+        self._next_due: int | None = None
+        self._step_times: deque[float] = deque(maxlen=32)
+        self._prev_due: tuple[int, float] | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ public API
+    def save(self, step: int, state: Mapping[str, Any]) -> None:
+        """Snapshot ``state`` for ``step`` and return; everything else runs in the background.
+
+        Blocking for the copy into staging buffers (plus, under back-pressure, the wait for
+        the previous snapshot to leave them). ``state`` maps names to tensors, DTensors,
+        ``Stateful`` objects (``state_dict``/``load_state_dict``) and plain values. Reports
+        ``checkpoint_stall_s`` through :func:`trainpod.report`. Raises
+        :class:`CheckpointError` after :meth:`close`, ``ValueError`` for unsaveable values.
+        """
+        if self._closed:
+            raise CheckpointError("save() after close(); create a new Checkpointer")
+        t0 = time.perf_counter()
+        self._pipe.staging_free.wait()
+        staged = self._stager.stage(state)
+        stall = time.perf_counter() - t0
+        self._stall_ema = stall if self._stall_ema is None else 0.7 * self._stall_ema + 0.3 * stall
+        step_time = self.step_time_s()
+        proposal = (self._stall_ema, step_time) if step_time is not None else None
+        self._pipe.submit(Snapshot(step, staged, proposal))
+        stall = time.perf_counter() - t0
+        self.last_stall_s = stall
+        self._last_step = max(self._last_step, step)
+        self._saved_step = step
+        metrics: dict[str, float | int] = {"checkpoint_stall_s": stall}
+        if self.every is None:
+            interval = self._agreed_interval()
+            self._next_due = step + (interval or AUTO_WARMUP_STEPS)
+            if interval is not None:
+                metrics["checkpoint_interval_steps"] = interval
+        if self._prev_due is not None:  # keep the save out of the next step-time sample
+            self._prev_due = (self._prev_due[0], self._prev_due[1] + stall)
+        beacon.report(step, **metrics)
+
+    def load_latest(self, state: dict[str, Any]) -> int | None:
+        """Load the newest intact committed checkpoint into ``state`` (in place); its step.
+
+        None on a fresh start. Collective and blocking; prefers the fastest tier, verifies
+        checksums, falls back tier by tier and step by step; :attr:`last_load` has the
+        reasons (also logged and reported). Raises only if the process group fails.
+        """
+        self._pipe.wait(local_only=True)  # the writer thread shares this group
+        result = load_latest(self.ctx, self._write_coll, self.tiers, state, verify=self.verify)
+        self.last_load = result
+        for why in result.reasons:
+            log.warning("rank %d: checkpoint passed over: %s", self.ctx.rank, why)
+        if result.step is not None:
+            log.info("rank %d: loaded step %d from %s", self.ctx.rank, result.step, result.tier)
+            self._saved_step = result.step
+            self._last_step = max(self._last_step, result.step)
+            self._next_due = result.step + AUTO_WARMUP_STEPS
+        beacon.report(
+            self._last_step,
+            checkpoint_loaded_step=-1 if result.step is None else result.step,
+            checkpoint_load_tier=result.tier or "",
+            checkpoint_load_s=result.seconds,
+            checkpoint_load_fallbacks=len(result.reasons),
+            checkpoint_load_reasons=" | ".join(result.reasons)[:2000],
+        )
+        return result.step
+
+    def due(self, step: int) -> bool:
+        """Whether to save after ``step``. Cheap, non-blocking; call it once per step.
+
+        The same on every rank: fixed ``every``, or the automatic interval agreed at the
+        previous save (the first automatic save comes after a few timed steps).
+        """
+        now = time.monotonic()
+        if self._prev_due is not None and step > self._prev_due[0]:
+            self._step_times.append((now - self._prev_due[1]) / (step - self._prev_due[0]))
+        self._prev_due = (step, now)
+        self._last_step = max(self._last_step, step)
+        if step == self._saved_step:
+            return False
+        if self.every is not None:
+            return step % self.every == 0
+        if self._next_due is None:
+            self._next_due = step + AUTO_WARMUP_STEPS
+        return step >= self._next_due
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until every save so far is committed in every tier it will reach (a failing
+        durable store keeps this waiting: use a timeout). True when done, False on timeout."""
+        return self._pipe.wait(timeout_s)
+
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Finish pending copies (up to ``timeout_s``) and stop the threads. Idempotent;
+        collective. True when everything was committed and the threads ended."""
+        if self._closed:
+            return True
+        self._closed = True
+        return self._pipe.close(timeout_s)
+
+    def progress(self) -> Progress:
+        """Committed step per tier, the copy in progress (bytes, rate), errors. Thread-safe."""
+        return self._pipe.progress()
+
+    def step_time_s(self) -> float | None:
+        """Median seconds per step measured between :meth:`due` calls (None before 2 calls)."""
+        return statistics.median(self._step_times) if self._step_times else None
+
+    @property
+    def interval_steps(self) -> int | None:
+        """The current save interval in steps: ``every``, or the agreed automatic one."""
+        return self.every if self.every is not None else self._agreed_interval()
+
+    def interval_s(self) -> float | None:
+        """The Young/Daly optimum in seconds for the agreed stall (None before a save)."""
+        agreed = self._pipe.agreed
+        return None if agreed is None else young_daly_s(agreed[0], self._mtbf_s)
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    def _agreed_interval(self) -> int | None:
+        agreed = self._pipe.agreed
+        if agreed is None or agreed[1] <= 0:
+            return None
+        return max(1, math.ceil(young_daly_s(agreed[0], self._mtbf_s) / agreed[1]))
+
+    def _report(self, **metrics: float | int | str | bool) -> None:
+        beacon.report(self._last_step, **metrics)
+
+    def _report_progress(self, meter: Meter) -> None:
+        """Upload progress as beacon metrics, about once a second while copying."""
+        self._report(
+            checkpoint_upload_step=-1 if meter.step is None else meter.step,
+            checkpoint_upload_tier=meter.tier or "",
+            checkpoint_upload_bytes=meter.done,
+            checkpoint_upload_total=meter.total,
+        )

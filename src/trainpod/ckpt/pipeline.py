@@ -1,0 +1,377 @@
+"""The background half of a Checkpointer: two threads, each with its own Gloo group.
+
+* writer: for each snapshot, in submission order: ``dcp.save`` of the staged state into the
+  primary tier (node-local shared memory), hash this rank's files, gather every rank's
+  entries, the node leaders write ``.metadata`` and the manifest, and a final all-gather
+  decides: committed everywhere, or discarded everywhere. Then the staging buffers are free.
+* copier: takes the newest locally committed step and copies it tier by tier (scratch, peer,
+  durable); each tier commits with the same two-phase gather. A failed copy to a tier with
+  ``retry`` (durable) is retried with exponential backoff, always for the newest step; other
+  tiers skip that step and try again with the next one. Training never waits for it.
+
+Every decision that changes which collectives run next is taken from gathered values, so
+all ranks stay in step. Public methods are thread-safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainpod.ckpt.coll import Coll
+from trainpod.ckpt.manifest import (
+    MANIFEST,
+    METADATA,
+    FileEntry,
+    Manifest,
+    entries,
+    rank_files,
+    write_atomic,
+)
+from trainpod.ckpt.records import Ctx, EventHook, Progress, Snapshot
+from trainpod.ckpt.tiers import FsTier, Meter, Tier
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    """Owns the writer and copier threads. Call :meth:`start` once, :meth:`close` at the end."""
+
+    def __init__(
+        self,
+        ctx: Ctx,
+        write_coll: Coll,
+        copy_coll: Coll,
+        primary: FsTier,
+        copies: list[Tier],
+        meter: Meter,
+        *,
+        report: Callable[..., None],
+        on_event: EventHook | None = None,
+        retry_base_s: float = 1.0,
+        retry_max_s: float = 60.0,
+    ) -> None:
+        self.ctx, self.cw, self.cc = ctx, write_coll, copy_coll
+        self.primary, self.copies, self.meter = primary, copies, meter
+        self._report, self._hook = report, on_event
+        self.retry_base_s, self.retry_max_s = retry_base_s, retry_max_s
+        self.staging_free = threading.Event()
+        self.staging_free.set()
+        self.agreed: tuple[float, float] | None = None
+        """(stall s, step time s) agreed by all ranks at the last snapshot (max of each)."""
+        self._q: queue.Queue[Snapshot | None] = queue.Queue()
+        self._cond = threading.Condition()
+        self._inflight = 0
+        self._latest_local: int | None = None
+        self._copied_through: int | None = None
+        self._attempted: int | None = None
+        self._retry_at: float | None = None
+        self._failures = 0
+        self._pinned: set[int] = set()
+        self._manifests: dict[int, Manifest] = {}
+        self._committed: dict[str, int | None] = {t.name: None for t in [primary, *copies]}
+        self._errors: dict[str, str] = {}
+        self._skipped: dict[str, int] = {}
+        self._stopping = False
+        self._give_up = False
+        self._writer = threading.Thread(target=self._write_loop, name="tp-ckpt-write", daemon=True)
+        self._copier = threading.Thread(target=self._copy_loop, name="tp-ckpt-copy", daemon=True)
+
+    def start(self) -> None:
+        self._writer.start()
+        self._copier.start()
+
+    # ---------------------------------------------------------------- caller side
+    def submit(self, snap: Snapshot) -> None:
+        """Queue a staged snapshot; the staging buffers stay busy until it is written."""
+        self.staging_free.clear()
+        with self._cond:
+            self._inflight += 1
+        self._q.put(snap)
+
+    def wait(self, timeout_s: float | None = None, *, local_only: bool = False) -> bool:
+        """Block until every submitted snapshot is committed locally and (unless
+        ``local_only``) copied to every tier it will reach. False on timeout."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while not self._idle_locked(local_only):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left if left is not None else 1.0)
+            return True
+
+    def close(self, timeout_s: float | None) -> bool:
+        """Finish pending work (up to ``timeout_s``), then stop both threads. Collective."""
+        done = self.wait(timeout_s)
+        with self._cond:
+            self._stopping = True
+            self._give_up = not done
+            self._cond.notify_all()
+        self._q.put(None)
+        self._writer.join(timeout_s)
+        self._copier.join(timeout_s)
+        return done and not self._writer.is_alive() and not self._copier.is_alive()
+
+    def progress(self) -> Progress:
+        with self._cond:
+            retry = None if self._retry_at is None else max(0.0, self._retry_at - time.monotonic())
+            return Progress(
+                committed=dict(self._committed),
+                copying_step=self.meter.step,
+                copying_tier=self.meter.tier,
+                bytes_done=self.meter.done,
+                bytes_total=self.meter.total,
+                rate_bps=self.meter.rate_bps(),
+                pending_snapshots=self._inflight,
+                errors=dict(self._errors),
+                retry_in_s=retry,
+            )
+
+    def _idle_locked(self, local_only: bool) -> bool:
+        if self._inflight:
+            return False
+        if local_only or not self.copies or self._latest_local is None:
+            return True
+        return self._copied_through is not None and self._copied_through >= self._latest_local
+
+    def _event(self, name: str, step: int) -> None:
+        if self._hook is not None:
+            self._hook(name, step)
+
+    # ---------------------------------------------------------------- writer thread
+    def _write_loop(self) -> None:
+        while (snap := self._q.get()) is not None:
+            try:
+                self._write(snap)
+            except Exception:  # a bug here must not kill the thread silently
+                log.exception("rank %d: checkpoint of step %d failed", self.ctx.rank, snap.step)
+                self.staging_free.set()
+            finally:
+                with self._cond:
+                    self._inflight -= 1
+                    self._cond.notify_all()
+
+    def _write(self, snap: Snapshot) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        ctx, step, tier = self.ctx, snap.step, self.primary
+        d = Path(tier.step_dir(step))
+        err: str | None = None
+        try:
+            if ctx.leader:
+                tier.discard(step)  # leftovers of an earlier attempt at this step
+        except OSError as exc:
+            err = f"clear {d}: {exc}"
+        pre = self.cw.all_gather((err is None, snap.proposal))
+        props = [p[1] for p in pre if p[1] is not None]
+        if len(props) == len(pre):  # read by save() only after staging_free: same on all ranks
+            self.agreed = (max(p[0] for p in props), max(p[1] for p in props))
+        if all(p[0] for p in pre):  # all ranks run dcp.save, or none does
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                writer = dcp.FileSystemWriter(d, sync_files=tier.sync)
+                dcp.save(
+                    snap.staged,
+                    storage_writer=writer,
+                    process_group=self.cw.group,
+                    no_dist=self.cw.group is None,
+                )
+            except Exception as exc:
+                err = f"dcp.save: {exc!r}"
+        else:
+            err = err or "another rank could not prepare"
+        snap.staged = {}
+        self.staging_free.set()
+        mine: list[FileEntry] = []
+        meta: bytes | None = None
+        if err is None:
+            self._event("written", step)
+            try:
+                mine = entries(d, rank_files(d, ctx.rank), rank=ctx.rank, node=ctx.node)
+                if ctx.rank == 0:
+                    meta = (d / METADATA).read_bytes()
+            except OSError as exc:
+                err = f"hash: {exc}"
+        parts = self.cw.all_gather((err, mine, meta, ctx.node))
+        errors = [f"rank {r}: {p[0]}" for r, p in enumerate(parts) if p[0]]
+        manifest = None
+        if not errors:
+            meta = parts[0][2]
+            assert meta is not None
+            files = [e for p in parts for e in p[1]]
+            digest = hashlib.sha256(meta).hexdigest()
+            files.append(FileEntry(METADATA, len(meta), digest, None, parts[0][3]))
+            manifest = Manifest(step, ctx.world_size, ctx.nodes, tuple(files), ctx.job, ctx.attempt)
+            if ctx.leader:
+                try:
+                    if ctx.rank != 0:
+                        write_atomic(d / METADATA, meta, sync=tier.sync)
+                    tier.commit(step, manifest)
+                except OSError as exc:
+                    err = f"manifest: {exc}"
+        commit_errs = [f"rank {r}: {e}" for r, e in enumerate(self.cw.all_gather(err)) if e]
+        errors = errors or commit_errs
+        if errors or manifest is None:
+            self._failed(tier, step, errors, discard=True)
+            return
+        with self._cond:
+            self._manifests[step] = manifest
+            self._latest_local = step
+            self._committed[tier.name] = step
+            self._errors.pop(tier.name, None)
+            for old in [s for s in self._manifests if s < step and s not in self._pinned]:
+                del self._manifests[old]
+            protect = set(self._pinned)
+            self._cond.notify_all()
+        self._committed_event(tier, step)
+        if ctx.leader:
+            try:
+                tier.prune(tier.keep, protect | {step})
+            except OSError as exc:
+                log.warning("rank %d: pruning %s: %s", ctx.rank, tier.name, exc)
+
+    def _committed_event(self, tier: Tier, step: int) -> None:
+        self._event(f"committed:{tier.name}", step)
+        metrics: dict[str, Any] = {f"checkpoint_{tier.name}_step": step}
+        if tier is self.primary:
+            metrics["checkpoint_step"] = step  # the agent's "steps after it are recomputed"
+        self._report(**metrics)
+
+    def _failed(self, tier: Tier, step: int, errors: list[str], *, discard: bool) -> None:
+        why = "; ".join(errors) or "unknown"
+        log.warning("rank %d: step %d not committed to %s: %s", self.ctx.rank, step, tier.name, why)
+        with self._cond:
+            self._errors[tier.name] = f"step {step}: {why}"
+        writer = self.ctx.leader if tier.node_scoped else self.ctx.rank == 0
+        if discard and writer:
+            try:
+                tier.discard(step)
+            except Exception as exc:  # the store may be unreachable: a later prune cleans up
+                log.info("rank %d: discard %s step %d: %s", self.ctx.rank, tier.name, step, exc)
+        self._event(f"failed:{tier.name}", step)
+        self._report(checkpoint_failed_tier=tier.name, checkpoint_failed_step=step)
+
+    # ---------------------------------------------------------------- copier thread
+    def _pending_locked(self) -> bool:
+        latest = self._latest_local
+        done = self._copied_through
+        return latest is not None and (done is None or latest > done)
+
+    def _ready_locked(self) -> bool:
+        latest = self._latest_local
+        if latest is None or not self._pending_locked():
+            return False
+        if self._attempted is None or latest > self._attempted:
+            return True
+        return self._retry_at is None or time.monotonic() >= self._retry_at
+
+    def _copy_loop(self) -> None:
+        if not self.copies:
+            return
+        while True:
+            with self._cond:
+                # Wake for a new step or a due retry; when closing, also once nothing is
+                # pending (to agree on stopping) or when close() gave up waiting.
+                while not (
+                    self._ready_locked()
+                    or self._give_up
+                    or (self._stopping and not self._pending_locked())
+                ):
+                    wait = None if self._retry_at is None else self._retry_at - time.monotonic()
+                    self._cond.wait(max(0.01, wait) if wait is not None else None)
+                cand = self._latest_local if self._ready_locked() else None
+                if cand is not None:
+                    self._pinned.add(cand)
+                stop, give_up = self._stopping, self._give_up
+            gathered = self.cc.all_gather((cand, stop, give_up))
+            if all(g[2] for g in gathered):
+                return  # every rank gave up waiting (close timed out): abandon the copies
+            cands = [g[0] for g in gathered if g[0] is not None]
+            if not cands:
+                if all(g[1] for g in gathered):
+                    return
+                continue
+            self._round(max(cands))
+
+    def _manifest(self, step: int) -> Manifest:
+        with self._cond:
+            m = self._manifests.get(step)
+        if m is None:  # committed by the writer of another rank a moment ago: read it back
+            m = Manifest.from_json((Path(self.primary.step_dir(step)) / MANIFEST).read_bytes())
+        return m
+
+    def _round(self, step: int) -> None:
+        ctx = self.ctx
+        with self._cond:
+            self._pinned.add(step)
+            self._attempted = step
+        src = Path(self.primary.step_dir(step))
+        retry = False
+        for tier in self.copies:
+            with self._cond:
+                done = self._committed[tier.name]
+            if (done is not None and done >= step) or self._skipped.get(tier.name) == step:
+                continue
+            writer = ctx.leader if tier.node_scoped else ctx.rank == 0
+            err: str | None = None
+            try:
+                m = self._manifest(step)
+                names = [f.name for f in m.files if f.rank == ctx.rank]
+                if writer:
+                    names.append(METADATA)
+                sizes = {f.name: f.size for f in m.files}
+                self.meter.start(step, tier.name, sum(sizes[n] for n in names))
+                tier.put(step, src, names, self.meter)
+            except Exception as exc:  # any store error: OSError, botocore's, fsspec's
+                err = f"{type(exc).__name__}: {exc}"
+            errors = [f"rank {r}: {e}" for r, e in enumerate(self.cc.all_gather(err)) if e]
+            if not errors:
+                if writer:
+                    try:
+                        tier.commit(step, m)
+                    except Exception as exc:
+                        err = f"manifest: {type(exc).__name__}: {exc}"
+                errors = [f"rank {r}: {e}" for r, e in enumerate(self.cc.all_gather(err)) if e]
+            if errors:
+                self._failed(tier, step, errors, discard=not tier.retry)
+                if tier.retry:
+                    retry = True
+                else:
+                    self._skipped[tier.name] = step
+                continue
+            with self._cond:
+                self._committed[tier.name] = step
+                self._errors.pop(tier.name, None)
+            self._committed_event(tier, step)
+            if writer:
+                try:
+                    tier.prune(tier.keep, {step})
+                except Exception as exc:
+                    log.warning("rank %d: pruning %s: %s", ctx.rank, tier.name, exc)
+        with self._cond:
+            if retry:
+                self._failures += 1
+                backoff = min(self.retry_max_s, self.retry_base_s * 2 ** (self._failures - 1))
+                self._retry_at = time.monotonic() + backoff
+            else:
+                self._failures = 0
+                self._retry_at = None
+                self._copied_through = step
+                self._pinned = {s for s in self._pinned if s > step}
+            self.meter.step = self.meter.tier = None
+            protect = set(self._pinned)
+            if self._latest_local is not None:
+                protect.add(self._latest_local)
+            self._cond.notify_all()
+        if ctx.leader and not retry:  # the writer could not drop what this round was reading
+            try:
+                self.primary.prune(self.primary.keep, protect)
+            except OSError as exc:
+                log.warning("rank %d: pruning %s: %s", ctx.rank, self.primary.name, exc)

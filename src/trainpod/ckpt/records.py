@@ -1,0 +1,54 @@
+"""Plain records shared by the checkpoint modules."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+EventHook = Callable[[str, int], None]
+"""Called with (event, step) from the background threads: ``written`` (this rank's DCP files
+are in the primary tier, manifest not yet), ``committed:<tier>``, ``failed:<tier>``."""
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """Who this rank is."""
+
+    rank: int
+    world_size: int
+    node: str
+    nodes: tuple[str, ...]
+    leader: bool
+    """The lowest rank on this node: writes the node's ``.metadata`` and manifests."""
+    job: str = ""
+    attempt: int = 1
+
+
+@dataclass
+class Snapshot:
+    step: int
+    staged: dict[str, Any]
+    proposal: tuple[float, float] | None = None
+    """This rank's (save stall s, step time s), for the agreed automatic interval."""
+    submitted: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the background work stands (see :meth:`Checkpointer.progress`)."""
+
+    committed: dict[str, int | None]
+    """Newest step committed in each tier by this Checkpointer (None: none yet)."""
+    copying_step: int | None
+    copying_tier: str | None
+    bytes_done: int
+    bytes_total: int
+    rate_bps: float
+    pending_snapshots: int
+    """Snapshots taken but not yet committed to the primary tier."""
+    errors: dict[str, str]
+    """The last error per tier, until that tier commits again."""
+    retry_in_s: float | None
+    """Seconds until the next retry of a failed durable copy; None when none is due."""

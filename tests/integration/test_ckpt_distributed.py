@@ -1,0 +1,241 @@
+"""The Checkpointer across real Gloo processes (forked ranks on this machine).
+
+* resharding: DTensor Shard(0) state saved by 4 ranks on 2 nodes, loaded by 2 ranks on 1 node
+  from the durable tier (the node-local tiers do not hold every shard: recorded as reasons);
+  replicated state is written once (DCP's planner dedups it).
+* a save killed between the shard writes and the manifest is never loaded;
+* an in-job restart finds the shared-memory snapshot of the killed attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import signal
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo  # distribute_tensor imports it (~4 s): once here, not in each forked rank
+import torch.distributed.checkpoint
+import torch.distributed.tensor
+
+import trainpod.ckpt.checkpointer  # noqa: F401  (the same: the ranks are forked)
+
+pytestmark = pytest.mark.integration
+
+ROWS, COLS, REP = 16, 6, 4096
+FULL = torch.arange(ROWS * COLS, dtype=torch.float32).reshape(ROWS, COLS)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_ranks(fn: Callable[..., None], world: int, *args: Any, expect_exit: int = 0) -> None:
+    """Fork ``world`` ranks running ``fn(rank, world, port, *args)``; check their exit codes."""
+    ctx = mp.get_context("fork")
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(fn, r, world, port, *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        if p.is_alive():
+            p.kill()
+    codes = [p.exitcode for p in procs]
+    assert codes == [expect_exit] * world, f"rank exit codes {codes}"
+
+
+def _rank_main(fn: Callable[..., None], rank: int, world: int, port: int, *args: Any) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        fn(rank, world, port, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in list(os.environ):
+        if var.startswith("TRAINPOD_"):
+            monkeypatch.delenv(var)
+
+
+def _dtensor_state(world: int, full: torch.Tensor, rep: torch.Tensor) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    return {"w": distribute_tensor(full, mesh, [Shard(0)]), "rep": rep, "step": 0}
+
+
+def _save_sharded(rank: int, world: int, port: int, root: str) -> None:
+    from trainpod.ckpt import Checkpointer
+
+    os.environ.update(TRAINPOD_NODE=f"n{rank // 2}", TRAINPOD_NODES="n0,n1")
+    state = _dtensor_state(world, FULL, torch.linspace(0, 1, REP))
+    ck = Checkpointer(f"{root}/durable", memory=f"{root}/shm", scratch_dir=f"{root}/scratch")
+    assert [t.name for t in ck.tiers] == ["memory", "scratch", "peer", "durable"]
+    assert ck.load_latest(state) is None
+    state["step"] = 7
+    ck.save(7, state)
+    assert ck.wait(60)
+    assert ck.progress().committed == {"memory": 7, "scratch": 7, "peer": 7, "durable": 7}
+    assert ck.close()
+
+
+def _load_resharded(rank: int, world: int, port: int, root: str) -> None:
+    from trainpod.ckpt import Checkpointer
+
+    os.environ.update(TRAINPOD_NODE="n0", TRAINPOD_NODES="n0")  # the job shrank to one node
+    state = _dtensor_state(world, torch.zeros(ROWS, COLS), torch.zeros(REP))
+    with Checkpointer(f"{root}/durable", memory=f"{root}/shm", scratch_dir=f"{root}/scratch") as ck:
+        assert ck.load_latest(state) == 7
+        assert ck.last_load is not None
+        # Rows that ranks 2-3 wrote on node n1 are not in n0's memory: read from durable.
+        assert ck.last_load.tier in ("memory", "memory+durable"), ck.last_load
+        assert rank == 0 or ck.last_load.tier == "memory+durable", ck.last_load
+        assert state["w"].to_local().shape == (ROWS // world, COLS)
+        assert torch.equal(state["w"].full_tensor(), FULL)
+        assert torch.equal(state["rep"], torch.linspace(0, 1, REP)) and state["step"] == 7
+
+
+def test_save_at_world_4_load_at_world_2_reshards_from_durable(tmp_path: Path) -> None:
+    run_ranks(_save_sharded, 4, str(tmp_path))
+    durable = tmp_path / "durable" / "step-0000000007"
+    manifest = json.loads((durable / "manifest.json").read_text())
+    assert manifest["world_size"] == 4 and manifest["nodes"] == ["n0", "n1"]
+    by_rank = {f["rank"]: f["node"] for f in manifest["files"] if f["rank"] is not None}
+    assert by_rank == {0: "n0", 1: "n0", 2: "n1", 3: "n1"}
+    # DCP's planner writes the replicated tensor once (by one rank), not once per rank.
+    metadata = pickle.loads((durable / ".metadata").read_bytes())
+    assert [k.fqn for k in metadata.storage_data].count("rep") == 1
+    data = sum(p.stat().st_size for p in durable.glob("*.distcp"))
+    assert data < 2 * (REP * 4 + ROWS * COLS * 4), data  # 4 copies would be > 64 KiB
+    # Each node's part also sits on the other node's scratch (the peer tier).
+    for holder, origin in (("n1", "n0"), ("n0", "n1")):
+        peer = tmp_path / "scratch" / holder
+        assert list(peer.glob(f"*/ckpt-peer/{origin}/step-0000000007/manifest.json"))
+
+    run_ranks(_load_resharded, 2, str(tmp_path))
+
+
+def _flat_state(value: float) -> dict[str, Any]:
+    return {"w": torch.full((64, 64), value), "b": torch.arange(8.0) * value, "step": int(value)}
+
+
+def _kill_self(when: str, step: int) -> Callable[[str, int], None]:
+    def hook(event: str, s: int) -> None:
+        if event == when and s == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+def _save_then_die(rank: int, world: int, port: int, root: str, when: str) -> None:
+    from trainpod.ckpt import Checkpointer
+
+    ck = Checkpointer(
+        f"{root}/durable", scratch_dir=f"{root}/scratch", on_event=_kill_self(when, 20)
+    )
+    ck.save(10, _flat_state(10.0))
+    assert ck.wait(60)
+    ck.save(20, _flat_state(20.0))  # the hook kills this rank in the background
+    ck.wait(60)
+    raise AssertionError("the hook should have killed this rank")
+
+
+def _restart(rank: int, world: int, port: int, root: str, expect: str) -> None:
+    from trainpod.ckpt import Checkpointer
+
+    state = _flat_state(0.0)
+    with Checkpointer(f"{root}/durable", scratch_dir=f"{root}/scratch") as ck:
+        step = ck.load_latest(state)
+        assert ck.last_load is not None
+        got = {"step": step, "tier": ck.last_load.tier, "reasons": list(ck.last_load.reasons)}
+        Path(f"{root}/{expect}-{rank}.json").write_text(json.dumps(got))
+        assert torch.equal(state["w"], torch.full((64, 64), float(step or 0)))
+        assert state["step"] == step
+
+
+@pytest.fixture
+def job(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A unique job id: the real /dev/shm/trainpod/job-<id>-* memory tier, removed afterwards."""
+    job_id = f"t{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("TRAINPOD_JOB_ID", job_id)
+    monkeypatch.setenv("TRAINPOD_NODE", "n0")
+    yield job_id
+    for d in Path("/dev/shm/trainpod").glob(f"job-{job_id}-*"):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_save_killed_before_its_manifest_is_never_loaded(tmp_path: Path, job: str) -> None:
+    run_ranks(_save_then_die, 2, str(tmp_path), "written", expect_exit=-signal.SIGKILL)
+    run_ranks(_restart, 2, str(tmp_path), "torn")
+    got = json.loads((tmp_path / "torn-0.json").read_text())
+    assert (got["step"], got["tier"]) == (10, "memory")
+    assert any("step 20 in memory" in r and "no manifest" in r for r in got["reasons"]), got
+    assert not (tmp_path / "durable" / "step-0000000020").exists()
+
+
+def test_in_job_restart_loads_the_killed_attempts_memory_snapshot(tmp_path: Path, job: str) -> None:
+    run_ranks(_save_then_die, 2, str(tmp_path), "committed:memory", expect_exit=-signal.SIGKILL)
+    from trainpod.ckpt.layout import resolve
+
+    memory = resolve(f"{tmp_path}/durable").memory
+    assert memory is not None and str(memory).startswith("/dev/shm/trainpod/")
+    assert (memory / "step-0000000020" / "manifest.json").exists()
+    run_ranks(_restart, 2, str(tmp_path), "restart")
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"restart-{rank}.json").read_text())
+        assert (got["step"], got["tier"]) == (20, "memory"), got
+
+
+def _ddp(rank: int, world: int, port: int, root: str, nodes: str, phase: str) -> None:
+    from trainpod.ckpt import Checkpointer
+
+    ring = nodes.split(",")
+    os.environ.update(TRAINPOD_NODE=ring[rank // 2], TRAINPOD_NODES=nodes)
+    ck = Checkpointer(f"{root}/durable", memory=f"{root}/shm", scratch_dir=f"{root}/scratch")
+    if phase == "save":
+        ck.save(5, _flat_state(5.0))  # replicated: DCP writes each tensor on one rank only
+        assert ck.wait(60) and ck.progress().committed["peer"] == 5
+    else:
+        state = _flat_state(0.0)
+        assert ck.load_latest(state) == 5 and state["step"] == 5
+        assert torch.equal(state["w"], torch.full((64, 64), 5.0))
+        assert ck.last_load is not None and ck.last_load.tier is not None
+        Path(f"{root}/{phase}-{rank}.json").write_text(json.dumps(ck.last_load.tier))
+    assert ck.close()
+
+
+def test_multi_node_restarts_read_other_nodes_parts_from_peer_copies(tmp_path: Path) -> None:
+    run_ranks(_ddp, 4, str(tmp_path), "n0,n1", "save")
+    # In-job restart on the same nodes: every file is on the node already (its own memory,
+    # or the peer copy of the other node's part kept on its scratch); durable is not read.
+    run_ranks(_ddp, 4, str(tmp_path), "n0,n1", "same")
+    same = [json.loads((tmp_path / f"same-{r}.json").read_text()) for r in range(4)]
+    assert set(same) <= {"memory", "memory+peer"} and "memory+peer" in same, same
+    # Node n1 is lost and n2 takes its ranks: n1's part comes from its copy on n0.
+    for tier in ("shm", "scratch"):
+        for d in (tmp_path / tier).rglob("n1"):
+            if d.is_dir() and "ckpt-peer" not in d.parts:
+                shutil.rmtree(d)
+    run_ranks(_ddp, 4, str(tmp_path), "n0,n2", "replaced")
+    replaced = [json.loads((tmp_path / f"replaced-{r}.json").read_text()) for r in range(4)]
+    assert replaced[0] == replaced[1] == "memory+peer", replaced
+    assert replaced[2] == replaced[3] == "peer+durable", replaced  # n0's copy was on n1

@@ -1,0 +1,193 @@
+"""The Checkpointer in one process (no process group): tiers, commit, load, interval, beacons."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainpod import beacon
+from trainpod.agent.beacons import BeaconServer
+from trainpod.ckpt import Checkpointer
+from trainpod.ckpt.errors import CheckpointConfigError, CheckpointError
+from trainpod.ckpt.layout import young_daly_s
+from trainpod.testing.wait import wait_until
+
+TRAINPOD_VARS = [
+    "TRAINPOD_CHECKPOINT_URI", "TRAINPOD_CHECKPOINT_DIR", "TRAINPOD_SCRATCH_DIR",
+    "TRAINPOD_JOB_SCRATCH_DIR", "TRAINPOD_NODE", "TRAINPOD_NODES", "TRAINPOD_JOB_ID",
+    "TRAINPOD_ATTEMPT", "TRAINPOD_MTBF_S", "TRAINPOD_BEACON_SOCKET", "TRAINPOD_ATTEMPT_ID",
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for var in TRAINPOD_VARS:
+        monkeypatch.delenv(var, raising=False)
+    beacon.reset()
+    yield
+    beacon.reset()
+
+
+def make_state(seed: float = 0.0) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 8)
+    with torch.no_grad():
+        model.weight.fill_(seed)
+    return {"model": model, "t": torch.arange(10.0) + seed, "extra": {"epoch": int(seed)}}
+
+
+def checkpointer(root: Path, **kw: Any) -> Checkpointer:
+    kw.setdefault("every", 1)
+    return Checkpointer(
+        dir=root / "durable", memory=root / "shm", scratch_dir=root / "scratch", **kw
+    )
+
+
+def test_save_commits_every_tier_and_a_new_process_loads_the_fastest(tmp_path: Path) -> None:
+    events: list[tuple[str, int]] = []
+    with checkpointer(tmp_path, on_event=lambda e, s: events.append((e, s))) as ck:
+        assert [t.name for t in ck.tiers] == ["memory", "scratch", "durable"]
+        assert ck.load_latest(make_state()) is None  # fresh start
+        assert ck.last_load is not None and ck.last_load.reasons == ()
+        state = make_state(3.0)
+        ck.save(3, state)
+        assert ck.last_stall_s is not None and ck.last_stall_s > 0
+        state["t"].add_(100)  # training goes on: the snapshot is unaffected
+        assert ck.wait(30)
+        p = ck.progress()
+        assert p.committed == {"memory": 3, "scratch": 3, "durable": 3} and p.errors == {}
+    assert ("written", 3) in events and events.index(("written", 3)) < events.index(
+        ("committed:memory", 3)
+    )
+    durable = tmp_path / "durable" / "step-0000000003"
+    manifest = json.loads((durable / "manifest.json").read_bytes())
+    assert manifest["step"] == 3 and manifest["world_size"] == 1
+    assert {f["name"] for f in manifest["files"]} == {"__0_0.distcp", ".metadata"}
+    assert (tmp_path / "durable" / "latest").read_text() == "3\n"
+
+    with checkpointer(tmp_path) as ck2:
+        fresh = make_state(0.0)
+        assert ck2.load_latest(fresh) == 3
+        assert ck2.last_load is not None and ck2.last_load.tier == "memory"
+        assert torch.equal(fresh["model"].weight, torch.full((8, 16), 3.0))
+        assert torch.equal(fresh["t"], torch.arange(10.0) + 3)
+        assert fresh["extra"] == {"epoch": 3}
+
+
+def test_retention_keeps_k_per_tier(tmp_path: Path) -> None:
+    with checkpointer(tmp_path, keep={"memory": 1, "scratch": 2, "durable": 3}) as ck:
+        for step in range(1, 6):
+            ck.save(step, make_state(step))
+            assert ck.wait(30)
+
+    def steps(d: Path) -> list[int]:
+        return sorted(int(p.name[5:]) for p in d.glob("step-*"))
+
+    (mem,) = (tmp_path / "shm").glob("*/*")
+    (scr,) = (tmp_path / "scratch").glob("*/*/ckpt")
+    assert (steps(mem), steps(scr), steps(tmp_path / "durable")) == ([5], [4, 5], [3, 4, 5])
+
+
+def test_newest_step_wins_and_stale_buffers_are_reused(tmp_path: Path) -> None:
+    with checkpointer(tmp_path) as ck:
+        state = make_state()
+        for step in (1, 2):
+            state["t"].fill_(step)
+            ck.save(step, state)
+        assert ck._stager.reallocations == 1  # same layout: the staging buffers were reused
+        state["t"] = torch.zeros(3)  # a new shape: new buffers, not a broadcast copy
+        ck.save(3, state)
+        assert ck._stager.reallocations == 2
+        assert ck.wait(30)
+        loaded = make_state()
+        loaded["t"] = torch.ones(3)
+        assert ck.load_latest(loaded) == 3 and torch.equal(loaded["t"], torch.zeros(3))
+
+
+def test_due_with_a_fixed_interval_skips_the_step_just_loaded(tmp_path: Path) -> None:
+    with checkpointer(tmp_path, every=5) as ck:
+        assert [s for s in range(1, 16) if ck.due(s)] == [5, 10, 15]
+        ck.save(10, make_state())
+        assert ck.wait(30)
+    with checkpointer(tmp_path, every=5) as ck2:
+        start = ck2.load_latest(make_state())
+        assert start == 10 and not ck2.due(10) and ck2.due(15)
+
+
+def test_auto_interval_is_young_daly_in_steps(tmp_path: Path) -> None:
+    with checkpointer(tmp_path, every=None, interval="auto", mtbf_s=3600.0) as ck:
+        due = [s for s in range(0, 20) if ck.due(s)]
+        assert due[0] == 5  # the first save comes after a few timed steps
+        ck.save(5, make_state())
+        # The ranks agree on (stall, step time) in the writer; the next save() reads it.
+        ck.save(10, make_state())
+        agreed = ck._pipe.agreed
+        assert agreed is not None
+        expected = max(1, math.ceil(young_daly_s(agreed[0], 3600.0) / agreed[1]))
+        assert ck.interval_steps == expected and ck.interval_s() == young_daly_s(agreed[0], 3600)
+        assert ck.due(10 + expected) and not ck.due(10 + expected - 1)
+        assert ck.wait(30)
+    with pytest.raises(CheckpointConfigError):
+        Checkpointer(dir=tmp_path, every=3, interval="auto")
+
+
+def test_stall_and_commits_are_reported_through_beacons(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sock_dir = Path(tempfile.mkdtemp(prefix="tpc-", dir="/tmp"))
+    srv = BeaconServer(sock_dir / "b.sock")
+    monkeypatch.setenv("TRAINPOD_BEACON_SOCKET", str(srv.path))
+    monkeypatch.setenv("TRAINPOD_ATTEMPT_ID", "9")
+    beacon.reset()
+    try:
+        with checkpointer(tmp_path) as ck:
+            ck.due(4)
+            ck.save(4, make_state())
+            assert ck.wait(30)
+
+            def durable_seen() -> Any:
+                ranks = srv.book.summary(9).ranks
+                r = ranks.get(0)
+                return r if r and r.metrics.get("checkpoint_durable_step") == 4 else None
+
+            r = wait_until(durable_seen, timeout_s=20, what="durable commit beacon")
+            assert r.last_checkpoint_step == 4 and r.checkpoint_stall_s > 0
+    finally:
+        srv.close()
+
+
+def test_save_after_close_and_a_config_without_local_tier_fail_clearly(tmp_path: Path) -> None:
+    ck = checkpointer(tmp_path)
+    assert ck.close() and ck.close()
+    with pytest.raises(CheckpointError, match="close"):
+        ck.save(1, make_state())
+    with pytest.raises(CheckpointConfigError, match="node-local"):
+        Checkpointer(dir=tmp_path / "d", memory=False)
+
+
+def test_importing_trainpod_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, trainpod; assert 'torch' not in sys.modules; trainpod.Checkpointer"
+    code += "; import trainpod.ckpt; assert 'fsspec' in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+
+
+def test_an_object_store_without_its_fsspec_backend_is_a_config_error() -> None:
+    pytest.importorskip("fsspec")
+    try:
+        import s3fs  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        with pytest.raises(CheckpointConfigError, match="s3fs"):
+            Checkpointer("s3://bucket/ckpt")
+    else:
+        pytest.skip("s3fs is installed here")
