@@ -3,6 +3,12 @@
 Each rank is a real process in its own session (so its whole process group can be
 signalled), with stdout and stderr in a per-rank log. A watcher thread per rank calls
 ``on_change`` the moment it exits, so the agent reports exits at once. Thread-safe.
+
+With a :class:`WarmStarter`, a ``python script.py`` / ``python -m module`` rank is forked
+from a warm interpreter that has imported torch already (see ``trainpod.agent.zygote``);
+anything else, or any rank while the zygote is not ready, starts cold with ``Popen``. Both
+kinds look the same from here on: a pid leading its own process group, an exit reported at
+once, the same log. ``TRAINPOD_WARM_START=0`` in a job's env makes its ranks start cold.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainpod.agent.warmstart import WarmProcess, WarmStarter
 from trainpod.api.models import AttemptReport, LaunchOrder, RankReport
 
 log = logging.getLogger(__name__)
@@ -43,7 +50,7 @@ class RankProcess:
     rank: int
     local_rank: int
     log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | WarmProcess | None = None
     started_at: float | None = None
     ended_at: float | None = None
     exit_code: int | None = None
@@ -86,10 +93,14 @@ class Launcher:
         *,
         node_env: dict[str, str],
         on_change: Callable[[], None],
+        warm: WarmStarter | None = None,
     ) -> None:
-        """``node_env``: variables every worker on this node gets (node name, scratch, devices)."""
+        """``node_env``: variables every worker on this node gets (node name, scratch, devices).
+
+        ``warm``: starts ranks warm where it can; the launcher closes it in :meth:`shutdown`."""
         self._node_env = node_env
         self._on_change = on_change
+        self._warm = warm
         self._lock = threading.Lock()
         self._runs: dict[int, AttemptRun] = {}
         self._seen: set[int] = set()  # every attempt ever launched here; never launch twice
@@ -126,7 +137,7 @@ class Launcher:
         with rp.log_path.open("ab") as out:
             try:
                 scratch.mkdir(parents=True, exist_ok=True)
-                rp.proc = subprocess.Popen(
+                rp.proc = self._warm_start(order, rp, env) or subprocess.Popen(
                     order.argv,
                     cwd=order.workdir,
                     env=env,
@@ -145,6 +156,22 @@ class Launcher:
                 rp.exit_code, rp.ended_at = 127, time.time()
                 return
         threading.Thread(target=self._watch, args=(rp,), daemon=True).start()
+
+    def _warm_start(
+        self, order: LaunchOrder, rp: RankProcess, env: dict[str, str]
+    ) -> WarmProcess | None:
+        """The rank forked by the zygote, or None (said why) when it must start cold."""
+        if self._warm is None:
+            return None
+        t0 = time.monotonic()
+        proc = self._warm.spawn(order.argv, cwd=order.workdir, env=env, log_path=rp.log_path)
+        what = f"rank {rp.rank} of attempt {order.attempt_id}"
+        if isinstance(proc, str):
+            log.info("%s: cold start (%s)", what, proc)
+            return None
+        ms = (time.monotonic() - t0) * 1000
+        log.info("%s: warm start, pid %d in %.0f ms", what, proc.pid, ms)
+        return proc
 
     def _watch(self, rp: RankProcess) -> None:
         assert rp.proc is not None
@@ -231,6 +258,8 @@ class Launcher:
             threads.append(t)
         for t in threads:
             t.join()
+        if self._warm is not None:
+            self._warm.close()
 
     # -- reporting ----------------------------------------------------------------------
     def reports(self) -> list[AttemptReport]:
@@ -272,6 +301,8 @@ class Launcher:
 
 def _signal_group(r: RankProcess, sig: signal.Signals) -> None:
     assert r.proc is not None
+    if isinstance(r.proc, WarmProcess):
+        r.proc.note_signal(sig)
     try:
         os.killpg(r.proc.pid, sig)
     except (ProcessLookupError, PermissionError):

@@ -19,6 +19,7 @@ from trainpod.agent.facts import device_facts, node_facts
 from trainpod.agent.launcher import Launcher
 from trainpod.agent.lifecycle import LifecycleRunner, Script
 from trainpod.agent.monitor import DeepChecker, HealthMonitor, deep_runner
+from trainpod.agent.warmstart import WarmStarter
 from trainpod.client.http import TrainpodClient
 from trainpod.controller.daemon import load_recorded_spec
 from trainpod.errors import NotFound
@@ -89,7 +90,17 @@ def main(argv: list[str] | None = None) -> None:
     beacon_path = paths.runtime_dir / f"{args.node}.sock"
     server = BeaconServer(beacon_path)
     node_env["TRAINPOD_BEACON_SOCKET"] = str(beacon_path)
-    launcher = Launcher(node_env=node_env, on_change=on_change)
+    # Warm starts: a zygote that has imported torch forks ranks (it warms up in the
+    # background; until then ranks start cold). TRAINPOD_WARM_START=0 turns it off.
+    warm = None
+    if os.environ.get("TRAINPOD_WARM_START", "1") != "0":
+        warm = WarmStarter(
+            socket_path=paths.runtime_dir / f"{args.node}.zygote.sock",
+            log_path=node_dir / "zygote.log",
+            env={**os.environ, **node_env},
+        )
+        warm.start()
+    launcher = Launcher(node_env=node_env, on_change=on_change, warm=warm)
     gpu_state = None if gpus else node_dir / "simgpu.json"
     quota = spec.storage.node_scratch_quota_gib
     checks = build_checks(
