@@ -82,6 +82,31 @@ class Cluster:
         )
 
 
+def _bring_up(spec_path: Path, name: str, tmp_path: Path, made: list[Cluster]) -> Cluster:
+    """Create the cluster of ``spec_path`` and wait until its nodes have set up."""
+    paths = ClusterPaths.of(name)
+    backend = LocalBackend(paths)
+    record = backend.create(load_cluster_spec(spec_path), spec_path)
+    client = TrainpodClient(record.url, read_secret(paths.admin_token))
+    workdir = tmp_path / f"work-{name}"
+    workdir.mkdir()
+    c = Cluster(paths, record, backend, client, workdir)
+    made.append(c)
+    wait_until(
+        lambda: all(n.state in ("idle", "failed") for n in client.nodes()),
+        timeout_s=60,
+        what="nodes to finish setting up",
+    )
+    return c
+
+
+def _tear_down(made: list[Cluster]) -> None:
+    for c in made:
+        c.client.close()
+        if c.paths.record.exists():  # a test may have deleted it already
+            c.backend.delete(purge=True)
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     h = tmp_path / "home"
@@ -99,27 +124,10 @@ def make_cluster(home: Path, tmp_path: Path) -> Iterator[Callable[..., Cluster]]
         spec_path.write_text(
             SPEC.format(name=name, workers=workers, lifecycle=lifecycle) + textwrap.dedent(extra)
         )
-        spec = load_cluster_spec(spec_path)
-        paths = ClusterPaths.of(name)
-        backend = LocalBackend(paths)
-        record = backend.create(spec, spec_path)
-        client = TrainpodClient(record.url, read_secret(paths.admin_token))
-        workdir = tmp_path / f"work-{name}"
-        workdir.mkdir()
-        c = Cluster(paths, record, backend, client, workdir)
-        made.append(c)
-        wait_until(
-            lambda: all(n.state in ("idle", "failed") for n in client.nodes()),
-            timeout_s=60,
-            what="nodes to finish setting up",
-        )
-        return c
+        return _bring_up(spec_path, name, tmp_path, made)
 
     yield make
-    for c in made:
-        c.client.close()
-        if c.paths.record.exists():  # a test may have deleted it already
-            c.backend.delete(purge=True)
+    _tear_down(made)
 
 
 @pytest.fixture
@@ -143,23 +151,7 @@ def make_cluster_from_spec(home: Path, tmp_path: Path) -> Iterator[Callable[[str
     def make(spec_text: str, name: str = "t") -> Cluster:
         spec_path = tmp_path / f"{name}.yaml"
         spec_path.write_text(textwrap.dedent(spec_text).format(name=name))
-        paths = ClusterPaths.of(name)
-        backend = LocalBackend(paths)
-        record = backend.create(load_cluster_spec(spec_path), spec_path)
-        client = TrainpodClient(record.url, read_secret(paths.admin_token))
-        workdir = tmp_path / f"work-{name}"
-        workdir.mkdir()
-        c = Cluster(paths, record, backend, client, workdir)
-        made.append(c)
-        wait_until(
-            lambda: all(n.state in ("idle", "failed") for n in client.nodes()),
-            timeout_s=60,
-            what="nodes to finish setting up",
-        )
-        return c
+        return _bring_up(spec_path, name, tmp_path, made)
 
     yield make
-    for c in made:
-        c.client.close()
-        if c.paths.record.exists():
-            c.backend.delete(purge=True)
+    _tear_down(made)
