@@ -371,7 +371,9 @@ def test_one_spare_and_an_idle_node_replace_two_bad_nodes() -> None:
     ("code", "signal", "tail", "expected"),
     [
         (1, None, "step 3\nValueError: bad\n\n", "code=1 signal=None last=ValueError: bad"),
-        (None, 9, "", "code=None signal=9 last="),
+        (None, 9, "", ""),  # killed without a word: never "the same" as anything
+        (None, 9, "Killed", ""),
+        (3, None, "", ""),
         (2, None, "  only line  ", "code=2 signal=None last=only line"),
     ],
 )

@@ -166,10 +166,15 @@ def decide(job: JobView, fault: Fault, nodes: Sequence[NodeView]) -> Decision:
 
 
 def crash_signature(exit_code: int | None, signal: int | None, log_tail: str) -> str:
-    """Two crashes are 'the same' when they end the same way: code and last log line."""
+    """Two crashes are 'the same' when they end the same way: code and last log line.
+
+    "" (never the same as anything) when the rank said nothing or was killed by a signal: two
+    SIGKILLs in a row (an operator, an OOM killer, chaos) are not evidence of a bug."""
     lines = [_RANK_PREFIX.sub("", line).strip() for line in log_tail.splitlines()]
     lines = [line for line in lines if line]
-    return f"code={exit_code} signal={signal} last={lines[-1] if lines else ''}"
+    if signal is not None or not lines:
+        return ""
+    return f"code={exit_code} signal={signal} last={lines[-1]}"
 
 
 # torch prefixes every line of a rank's traceback with "[rank3]: " once a process group

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from trainpod.api.models import Heartbeat, NodeAction
@@ -189,7 +189,7 @@ class RecoveryMixin(ControllerBase):
             if spec.max_restarts is not None
             else self.cfg.max_restarts,
             restarts_used=sum(self._fault_of(a).kind.value in _COUNTING for a in earlier),
-            node_restarts_used=sum(self._fault_of(a).kind.node_fault for a in earlier),
+            node_restarts_used=_trailing(self._fault_of(a).kind.node_fault for a in earlier),
             nodes=spec.nodes,
             min_nodes=spec.min_nodes,
             groups=frozenset(self.cfg.partitions.get(part, [])),
@@ -447,6 +447,14 @@ class RecoveryMixin(ControllerBase):
                     self.store.update_node(name, now, reason="")
             self._bump()
             return self._node(name)
+
+
+def _trailing(flags: Iterable[bool]) -> int:
+    """How many of the last ``flags`` are true in a row (node faults since the last other)."""
+    run = 0
+    for flag in flags:
+        run = run + 1 if flag else 0
+    return run
 
 
 def _reason(failure: dict[str, Any]) -> str:

@@ -11,15 +11,26 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from trainpod.api.models import EventInfo, JobInfo
 
 BUCKETS = (  # in display order
-    "queued", "startup", "productive", "running_no_beacons", "checkpoint_stall", "recomputed",
-    "detection", "teardown", "restart", "waiting_for_spare", "reload", "shutdown", "unaccounted",
-)  # fmt: skip
+    "queued",
+    "startup",
+    "productive",
+    "running_no_beacons",
+    "checkpoint_stall",
+    "recomputed",
+    "detection",
+    "teardown",
+    "restart",
+    "waiting_for_spare",
+    "reload",
+    "shutdown",
+    "unaccounted",
+)
 _ATTEMPT_ENDED = {"failed", "succeeded", "cancelled"}
 _JOB_ENDED = {"completed", "failed", "cancelled"}
 _RETRY = {"restart", "wait"}
@@ -154,12 +165,27 @@ def _collect(job: JobInfo, evs: list[EventInfo], notes: list[str]) -> tuple[list
             if fault_at is None:
                 notes.append(f"attempt {e.attempt}: fault without fault_at; used detection time")
                 fault_at = e.ts
-            faults.append(f := FaultRecord(
-                e.attempt, str(d.get("fault") or "unknown"), fault_at, e.ts,
-                str(d.get("reason") or ""), _int(d, "rank"), _names(d.get("nodes")),
-            ))  # fmt: skip
+            faults.append(
+                f := FaultRecord(
+                    e.attempt,
+                    str(d.get("fault") or "unknown"),
+                    fault_at,
+                    e.ts,
+                    str(d.get("reason") or ""),
+                    _int(d, "rank"),
+                    _names(d.get("nodes")),
+                )
+            )
             if a.fault is None or (a.fault == "straggler" and f.fault != "straggler"):
                 a.fault, a.fault_at, a.detected_at = f.fault, f.fault_at, f.detected_at
+        elif e.kind == "fault_classified" and d.get("fault"):  # what the fault turned out to be
+            a.fault = str(d["fault"])
+            faults[:] = [
+                replace(f, fault=a.fault, nodes=_names(d.get("nodes")) or f.nodes)
+                if f.attempt == e.attempt
+                else f
+                for f in faults
+            ]
         elif e.kind == "attempt_state" and a.state not in _ATTEMPT_ENDED and d.get("new"):
             a.state, a.cause = str(d["new"]), str(d.get("cause") or a.cause)
             a.ended_at = e.ts if a.state in _ATTEMPT_ENDED else None
@@ -291,6 +317,16 @@ def compute_goodput(job: JobInfo, events: Sequence[EventInfo], now: float) -> Go
     goodput = min(1.0, b["productive"] / wall) if wall > 0 else 0.0
     ettr = min(1.0, b["productive"] / (wall - b["queued"])) if wall > b["queued"] else 0.0
     return GoodputReport(
-        job.id, job.state, start, end if job_ended else None, wall, dict(b), goodput, ettr,
-        dict(sorted(lost, key=lambda kv: -kv[1])), attempts, faults, notes,
-    )  # fmt: skip
+        job.id,
+        job.state,
+        start,
+        end if job_ended else None,
+        wall,
+        dict(b),
+        goodput,
+        ettr,
+        dict(sorted(lost, key=lambda kv: -kv[1])),
+        attempts,
+        faults,
+        notes,
+    )
