@@ -1,0 +1,1 @@
+"""The recovery benchmark's parts; run it with ``python benchmarks/recovery.py``."""
