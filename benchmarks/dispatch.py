@@ -56,11 +56,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
+from benchkit import copy_logs, delete_cluster, raise_interrupt, signals_ignored
 from trainpod.api.models import EventInfo, JobInfo
-from trainpod.backends.base import Backend, backend_for
+from trainpod.backends.base import backend_for
 from trainpod.cli.jobs import default_env
 from trainpod.client.http import TrainpodClient
 from trainpod.paths import ClusterPaths, read_secret
@@ -164,42 +164,13 @@ def throwaway_cluster(
             yield client, timings
     finally:
         t0 = time.monotonic()
-        with _signals_ignored():
+        with signals_ignored():
             try:
                 if keep_logs is not None:
-                    _copy_logs(paths, keep_logs)
+                    copy_logs(paths, keep_logs)
             finally:
-                _delete(backend, paths)
+                delete_cluster(backend, paths)
         timings["cluster_delete_s"] = time.monotonic() - t0
-
-
-def _copy_logs(paths: ClusterPaths, dest: Path) -> None:
-    """The controller's and agents' logs (before the delete stops the agents)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    logs = [*paths.logs.glob("*.log"), *paths.state_dir.glob("nodes/*/agent.log")]
-    for log in logs:
-        name = log.name if log.parent == paths.logs else f"agent-{log.parent.name}.log"
-        shutil.copyfile(log, dest / name)
-
-
-def _delete(backend: Backend, paths: ClusterPaths) -> None:
-    if paths.record.exists():
-        backend.delete(purge=True)
-
-
-@contextmanager
-def _signals_ignored() -> Iterator[None]:
-    """Let a clean-up finish even if Ctrl-C is pressed again meanwhile."""
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-
-
-def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def wait_for_idle_nodes(client: TrainpodClient) -> None:
@@ -482,7 +453,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t_start = time.monotonic()
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGTERM, raise_interrupt)
     home = Path(tempfile.mkdtemp(prefix="trainpod-bench-"))
     timings: dict[str, float] = {}
     try:
@@ -492,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
             samples, floors = run_latency(client, args.latency_jobs, workdir)
             burst = run_burst(client, args.burst_jobs, workdir, args.burst_timeout_s)
     finally:
-        with _signals_ignored():
+        with signals_ignored():
             shutil.rmtree(home, ignore_errors=True)
     latency = latency_results(samples, floors)
     p50 = latency["summary"]["submit_to_first_instruction_s"]["p50"]

@@ -85,6 +85,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from benchkit import raise_interrupt, signals_ignored
 from recoverykit.chaos import run_chaos
 from recoverykit.common import (
     CLUSTER,
@@ -92,8 +93,6 @@ from recoverykit.common import (
     SPEC_YAML,
     STEP_S,
     STEPS,
-    _raise_interrupt,
-    _signals_ignored,
     throwaway_cluster,
 )
 from recoverykit.mttr import (
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t_start = time.monotonic()
     load_start = _load()
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGTERM, raise_interrupt)
     home = Path(tempfile.mkdtemp(prefix="trainpod-bench-"))
     phases: dict[str, float] = {}
     classes: dict[str, Any] = {}
@@ -171,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 lap("kill_agent_replay")
         lap("cluster_delete")
     finally:
-        with _signals_ignored():
+        with signals_ignored():
             shutil.rmtree(home, ignore_errors=True)
     results: dict[str, Any] = {
         "benchmark": "recovery",

@@ -5,8 +5,6 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import shutil
-import signal
 import statistics
 import sys
 import time
@@ -14,11 +12,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any, TypeVar
 
+from benchkit import copy_logs, delete_cluster, signals_ignored
 from trainpod.api.models import ChaosFault, EventInfo
-from trainpod.backends.base import Backend, backend_for
+from trainpod.backends.base import backend_for
 from trainpod.cli.jobs import default_env
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import Conflict, TrainpodError
@@ -133,40 +131,12 @@ def throwaway_cluster(home: Path, keep_logs: Path | None) -> Iterator[TrainpodCl
             )
             yield client
     finally:
-        with _signals_ignored():
+        with signals_ignored():
             try:
                 if keep_logs is not None:
-                    _copy_logs(paths, keep_logs)
+                    copy_logs(paths, keep_logs)
             finally:
-                _delete(backend, paths)
-
-
-def _copy_logs(paths: ClusterPaths, dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    logs = [*paths.logs.glob("*.log"), *paths.state_dir.glob("nodes/*/agent.log")]
-    for log in logs:
-        name = log.name if log.parent == paths.logs else f"agent-{log.parent.name}.log"
-        shutil.copyfile(log, dest / name)
-
-
-def _delete(backend: Backend, paths: ClusterPaths) -> None:
-    if paths.record.exists():
-        backend.delete(purge=True)
-
-
-@contextmanager
-def _signals_ignored() -> Iterator[None]:
-    """Let a clean-up finish even if Ctrl-C is pressed again meanwhile."""
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-
-
-def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+                delete_cluster(backend, paths)
 
 
 def wait_until(probe: Callable[[], T | None], timeout_s: float, what: str) -> T:
