@@ -1,4 +1,5 @@
-"""Helpers the benchmarks share: a throwaway cluster's clean-up, even under Ctrl-C."""
+"""Helpers the benchmarks share: percentiles, and a throwaway cluster's clean-up even under
+Ctrl-C."""
 
 from __future__ import annotations
 
@@ -40,3 +41,14 @@ def signals_ignored() -> Iterator[None]:
 
 def raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100), linearly interpolated between closest ranks."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)

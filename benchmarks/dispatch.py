@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchkit import copy_logs, delete_cluster, raise_interrupt, signals_ignored
+from benchkit import copy_logs, delete_cluster, percentile, raise_interrupt, signals_ignored
 from trainpod.api.models import EventInfo, JobInfo
 from trainpod.backends.base import backend_for
 from trainpod.cli.jobs import default_env
@@ -89,17 +89,6 @@ DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "dispatch.json"
 
 
 # -- statistics -------------------------------------------------------------------------------
-def percentile(values: list[float], q: float) -> float:
-    """The ``q``-th percentile (0-100), linearly interpolated between closest ranks."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def summary(values: list[float]) -> dict[str, float]:
     return {
         "n": len(values),
