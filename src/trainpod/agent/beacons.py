@@ -12,10 +12,8 @@ from __future__ import annotations
 import bisect
 import json
 import logging
-import os
 import selectors
 import socket
-import stat
 import statistics
 import threading
 import time
@@ -25,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainpod.agent.unixsock import bind_seqpacket
 from trainpod.beacon import WIRE_VERSION
 from trainpod.clock import Clock, SystemClock
-from trainpod.errors import Conflict, Fatal
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +42,6 @@ __all__ = [
 STEP_WINDOW = 50  # recent step durations kept per rank
 MAX_MESSAGE = 65536
 LISTEN_BACKLOG = 128
-UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 MetricValue = float | int | str | bool
 _decode = json.JSONDecoder().decode
 
@@ -289,7 +286,7 @@ class BeaconServer:
         """Messages that were not valid beacons (ignored)."""
         self._closing = False
         self._accept_paused_until: float | None = None
-        self._listener = self._bind(self.path, mode)
+        self._listener = bind_seqpacket(self.path, mode, what="beacons", backlog=LISTEN_BACKLOG)
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
@@ -304,36 +301,6 @@ class BeaconServer:
         """Open sender connections (one per live training process that has reported)."""
         watched = len(self._selector.get_map() or {})
         return max(0, watched - (1 if self._accept_paused_until is not None else 2))
-
-    @staticmethod
-    def _bind(path: Path, mode: int) -> socket.socket:
-        size = len(os.fsencode(path))
-        if size > UNIX_PATH_MAX:
-            raise Fatal(
-                f"beacon socket path {str(path)!r} is {size} bytes, over the {UNIX_PATH_MAX}-byte"
-                " limit of Unix sockets; use a shorter scratch directory or TRAINPOD_HOME"
-            )
-        try:
-            st = path.lstat()
-        except FileNotFoundError:
-            pass
-        else:
-            if not stat.S_ISSOCK(st.st_mode):
-                raise Fatal(f"beacon socket path {str(path)!r} exists and is not a socket; move it")
-            if _is_live(path):
-                raise Conflict(f"another agent already receives beacons on {str(path)!r}; stop it")
-            path.unlink(missing_ok=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            sock.bind(str(path))
-            os.chmod(path, mode)
-            sock.listen(LISTEN_BACKLOG)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
-        return sock
 
     @property
     def alive(self) -> bool:
@@ -432,19 +399,6 @@ class BeaconServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _is_live(path: Path) -> bool:
-    """Whether some process still listens on the socket at ``path``."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        probe.connect(str(path))
-    except OSError:
-        return False
-    else:
-        return True
-    finally:
-        probe.close()
 
 
 # -- stragglers ---------------------------------------------------------------------------

@@ -14,10 +14,13 @@
 How a save travels (``pipeline``): the training thread copies the state into reused staging
 buffers (pinned host memory for CUDA tensors) and returns; a writer thread runs ``dcp.save``
 into the node's shared-memory tier (``/dev/shm/trainpod/<job>/<node>/step-N``, files that
-outlive the worker) on its own Gloo group, hashes each rank's files and commits; a copier
-thread (another Gloo group) copies each node's part to the node's scratch dir, to the next
-node's scratch dir (peer) and to the durable store (fsspec), committing each tier the same
-way and retrying the durable store with backoff. Retention keeps K steps per tier.
+outlive the worker) on its own Gloo group, hashes each rank's files and commits. Under
+trainpod the node leader then hands the step to the node's agent (``handoff``), whose
+persister process (``persist``; it survives the worker) copies the node's part to the node's
+scratch dir, to the next node's scratch dir (peer) and to the durable store (fsspec), where
+the nodes' parts commit without any collective (part markers, then the manifest). Without an
+agent a copier thread (another Gloo group) does the same in-process, committing each tier
+with a gather. Durable copies are retried with backoff. Retention keeps K steps per tier.
 
 The commit protocol (``manifest``): a checkpoint counts in a tier only once every rank's
 files are there and ``manifest.json`` (step, world size, nodes, every file's size, SHA-256,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -15,13 +16,14 @@ from typing import Any, Literal
 from trainpod import beacon
 from trainpod.ckpt.coll import Coll
 from trainpod.ckpt.errors import CheckpointConfigError, CheckpointError
+from trainpod.ckpt.handoff import AgentLink, AgentPersistence, TierConfig, build_tiers, env_int
 from trainpod.ckpt.layout import Layout, resolve, young_daly_s
 from trainpod.ckpt.layout import mtbf_s as mtbf_s_of
 from trainpod.ckpt.loader import LoadResult, load_latest
 from trainpod.ckpt.pipeline import Pipeline
 from trainpod.ckpt.records import Ctx, EventHook, Progress, Snapshot
 from trainpod.ckpt.staging import Stager
-from trainpod.ckpt.tiers import FsTier, Meter, PeerTier, Tier
+from trainpod.ckpt.tiers import FsTier, Meter, Tier
 
 log = logging.getLogger(__name__)
 
@@ -38,45 +40,19 @@ def default_tiers(
     storage_options: Mapping[str, Any] | None = None,
 ) -> list[Tier]:
     """memory → scratch → peer → durable, as far as ``layout`` has them (fastest first)."""
-    from fsspec.core import url_to_fs  # type: ignore[import-untyped]  # no type hints
-
-    tiers: list[Tier] = []
-    if layout.memory is not None:
-        mem = FsTier("memory", layout.memory, node=layout.node, keep=keep["memory"], sync=False)
-        tiers.append(mem)
-    if layout.scratch is not None:
-        tiers.append(FsTier("scratch", layout.scratch, node=layout.node, keep=keep["scratch"]))
-    holder = layout.peer_of(layout.node)
-    if peer and holder is not None and layout.scratch_base is not None:
-        roots = {n: r for n in layout.nodes if (r := layout.peer_root(n)) is not None}
-        tiers.append(PeerTier(layout.node, holder, roots, keep=keep["peer"]))
-    if layout.durable:
-        try:
-            fs, path = url_to_fs(layout.durable, **dict(storage_options or {}))
-        except (ImportError, ValueError) as exc:
-            raise CheckpointConfigError(
-                f"durable store {layout.durable!r}: {exc}; install its fsspec backend "
-                "(s3fs for s3://) or pass dir= a local path"
-            ) from exc
-        tiers.append(
-            FsTier(
-                "durable",
-                path,
-                fs=fs,
-                keep=keep["durable"],
-                throttled=True,
-                retry=True,
-            )
-        )
-    return tiers
+    return build_tiers(
+        TierConfig.of_layout(layout, keep=keep, peer=peer, storage_options=storage_options)
+    )
 
 
 class Checkpointer:
     """Tiered asynchronous checkpoints of a training state, in PyTorch DCP format.
 
     ``save`` blocks only for the copy into staging memory; writing into the shared-memory
-    tier, the commit and the copies to scratch, peer and durable tiers run on two background
-    threads, each with its own Gloo process group (none outside a distributed run).
+    tier and the commit run on a background thread with its own Gloo process group (none
+    outside a distributed run). The copies to scratch, peer and durable tiers are made by the
+    node's trainpod agent when there is one (a process of its own that outlives a crashed
+    worker and does not compete for this process's GIL), else by a second background thread.
 
     Construct it on every rank at the same point (with ``torch.distributed`` initialized, it
     creates two process groups, a collective). ``save``, ``load_latest``, ``due``, ``wait``
@@ -102,6 +78,9 @@ class Checkpointer:
         on_event: ``(event, step)`` hook called from the background threads.
         timeout_s: timeout of the checkpointer's process groups.
         retry_base_s: first backoff of a failed durable copy (doubling up to 60 s).
+        agent: hand the copies to the node's trainpod agent (``TRAINPOD_CKPT_SOCKET``): None
+            (default) when one answers and ``tiers`` is not given, True to require it, False
+            to copy in this process.
 
     Raises:
         CheckpointConfigError: no durable location and no ``tiers``, or no local tier.
@@ -125,6 +104,7 @@ class Checkpointer:
         on_event: EventHook | None = None,
         timeout_s: float = 1800.0,
         retry_base_s: float = 1.0,
+        agent: bool | None = None,
     ) -> None:
         if every is not None and interval is not None:
             raise CheckpointConfigError(f"got every={every} and interval={interval!r}; pass one")
@@ -142,11 +122,14 @@ class Checkpointer:
             kept = dict.fromkeys(kept, keep)
         elif keep is not None:
             kept.update(keep)
-        self.tiers = (
-            list(tiers)
-            if tiers is not None
-            else default_tiers(self.layout, keep=kept, peer=peer, storage_options=storage_options)
+        config = TierConfig.of_layout(
+            self.layout,
+            keep=kept,
+            peer=peer,
+            storage_options=storage_options,
+            bandwidth_bps=bandwidth_bps,
         )
+        self.tiers = list(tiers) if tiers is not None else build_tiers(config)
         primary = self.tiers[0] if self.tiers else None
         if not (isinstance(primary, FsTier) and primary.local and primary.node_scoped):
             raise CheckpointConfigError(
@@ -157,7 +140,13 @@ class Checkpointer:
         self._copy_coll = Coll.create(timeout_s)
         if self._write_coll.group is None:  # DCP warns on every single-process call
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        nodes = self._write_coll.all_gather(self.layout.node)
+        link = self._agent_link(agent, tiers is not None, config)
+        gathered = self._write_coll.all_gather((self.layout.node, link is not None))
+        nodes = [g[0] for g in gathered]
+        if not all(g[1] for g in gathered):  # every rank hands off, or none does
+            if agent and link is not None:
+                raise CheckpointConfigError("agent=True, but another rank has no agent")
+            link = None
         rank = self._write_coll.rank
         ring = self.layout.nodes if len(self.layout.nodes) > 1 else tuple(dict.fromkeys(nodes))
         self.ctx = Ctx(
@@ -170,6 +159,18 @@ class Checkpointer:
             attempt=self.layout.attempt,
         )
         self.verify = verify
+        self.agent: AgentPersistence | None = None
+        """The hand-off to the node's agent (None: this process copies)."""
+        if link is not None:
+            self.agent = AgentPersistence(
+                link,
+                job_key=self.layout.job_key,
+                node=self.layout.node,
+                config=config,
+                job_id=env_int("TRAINPOD_JOB_ID"),
+                attempt_id=env_int("TRAINPOD_ATTEMPT_ID"),
+                retry_base_s=retry_base_s,
+            )
         self.meter = Meter(bandwidth_bps, on_progress=self._report_progress)
         self._stager = Stager()
         self._pipe = Pipeline(
@@ -182,6 +183,7 @@ class Checkpointer:
             report=self._report,
             on_event=on_event,
             retry_base_s=retry_base_s,
+            agent=self.agent,
         )
         self._pipe.start()
         self.last_load: LoadResult | None = None
@@ -214,7 +216,7 @@ class Checkpointer:
         self._stall_ema = stall if self._stall_ema is None else 0.7 * self._stall_ema + 0.3 * stall
         step_time = self.step_time_s()
         proposal = (self._stall_ema, step_time) if step_time is not None else None
-        self._pipe.submit(Snapshot(step, staged, proposal))
+        self._pipe.submit(Snapshot(step, staged, proposal, stall))
         stall = time.perf_counter() - t0
         self.last_stall_s = stall
         self._last_step = max(self._last_step, step)
@@ -313,6 +315,34 @@ class Checkpointer:
         self.close()
 
     # ------------------------------------------------------------------ internals
+    def _agent_link(
+        self, agent: bool | None, custom_tiers: bool, config: TierConfig
+    ) -> AgentLink | None:
+        """The node agent's hand-off socket, when the copies go there (see ``agent``)."""
+        if agent is False:
+            return None
+        link = AgentLink.from_env()
+        why = None
+        if link is None:
+            why = "no TRAINPOD_CKPT_SOCKET in the environment (not under a trainpod agent)"
+        elif custom_tiers:
+            why = "custom tiers= cannot be handed to the agent"
+        else:
+            try:
+                json.dumps(config.to_dict())
+            except (TypeError, ValueError):
+                why = "storage_options are not JSON (the agent cannot be given them)"
+            else:
+                if link.status(self.layout.job_key, self.layout.node) is None:
+                    why = f"the agent does not answer on {link.path}"
+        if why is None:
+            return link
+        if agent:
+            raise CheckpointConfigError(f"agent=True, but {why}; pass agent=None or False")
+        if link is not None:
+            log.warning("checkpoint copies run in this process: %s", why)
+        return None
+
     def _agreed_interval(self) -> int | None:
         agreed = self._pipe.agreed
         if agreed is None or agreed[1] <= 0:

@@ -91,9 +91,10 @@ def resolve(
     elif durable.startswith("file://"):
         durable = durable[len("file://") :]
     # Job ids restart at 1 in every cluster, and /dev/shm is shared by all clusters on a host:
-    # the durable location (unique per cluster and job) goes into the key too.
+    # the cluster's identity and the durable location go into the key too.
     job_id = env.get("TRAINPOD_JOB_ID", "")
-    digest = hashlib.sha256(durable.encode()).hexdigest()
+    cluster = env.get("TRAINPOD_CLUSTER_ID", "")
+    digest = hashlib.sha256(f"{cluster}|{durable}".encode()).hexdigest()
     job_key = f"job-{job_id}-{digest[:8]}" if job_id else f"dir-{digest[:12]}"
     node = env.get("TRAINPOD_NODE") or socket.gethostname()
     nodes = tuple(n for n in env.get("TRAINPOD_NODES", "").split(",") if n) or (node,)

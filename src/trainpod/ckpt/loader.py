@@ -101,7 +101,7 @@ def _route(
     for i, (tier, loc) in enumerate(copies):
         try:
             manifests[i] = Manifest.from_json(tier.read_manifest(loc))
-        except (OSError, ManifestError, ConnectionError) as exc:
+        except Exception as exc:  # any store error: OSError, botocore's, fsspec's
             plan.problems.append(f"{tier.name} {loc.path}: manifest: {exc}")
     usable = [(i, t, loc) for i, (t, loc) in enumerate(copies) if i in manifests]
 
@@ -120,8 +120,12 @@ def _route(
         plan.fatal = "no intact .metadata"
         return plan
     tier, loc = plan.routes[METADATA]
-    with tier.open(loc, METADATA) as f:
-        metadata = pickle.loads(f.read())  # DCP's format; FileSystemReader unpickles it too
+    try:
+        with tier.open(loc, METADATA) as f:
+            metadata = pickle.loads(f.read())  # DCP's format; FileSystemReader unpickles it
+    except Exception as exc:  # the store went away since the check, or a bad pickle
+        plan.fatal = f".metadata: {type(exc).__name__}: {exc}"
+        return plan
     try:
         needed = needed_files(state, metadata)
     except Exception as exc:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,9 +153,10 @@ def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part.
 
     tmp file in the same dir, fsync, rename over, fsync the dir (skipped with ``sync=False``,
-    for tmpfs). Raises OSError.
+    for tmpfs). Several writers of the same bytes may race (each renames a file of its own).
+    Raises OSError.
     """
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{uuid.uuid4().hex[:8]}")
     with tmp.open("wb") as f:
         f.write(data)
         f.flush()

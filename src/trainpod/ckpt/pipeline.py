@@ -9,6 +9,11 @@
   ``retry`` (durable) is retried with exponential backoff, always for the newest step; other
   tiers skip that step and try again with the next one. Training never waits for it.
 
+Under trainpod (``agent`` given) there is no copier: after each commit the node leader
+hands the step to the node's agent, whose persister process copies it on (see
+:mod:`trainpod.ckpt.persist`), and :meth:`Pipeline.wait` / :meth:`Pipeline.progress` read
+what the persister did back from the agent.
+
 Every decision that changes which collectives run next is taken from gathered values, so
 all ranks stay in step. Public methods are thread-safe.
 """
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from trainpod.ckpt.coll import Coll
+from trainpod.ckpt.handoff import AgentPersistence
 from trainpod.ckpt.manifest import (
     MANIFEST,
     METADATA,
@@ -56,8 +62,15 @@ class Pipeline:
         on_event: EventHook | None = None,
         retry_base_s: float = 1.0,
         retry_max_s: float = 60.0,
+        agent: AgentPersistence | None = None,
     ) -> None:
+        """With ``agent``, ``copies`` are the tiers the agent's persister fills (for
+        :meth:`progress`); this process copies nothing."""
         self.ctx, self.cw, self.cc = ctx, write_coll, copy_coll
+        self.agent = agent
+        self.agent_tiers = [t.name for t in copies] if agent is not None else []
+        if agent is not None:
+            copies = []
         self.primary, self.copies, self.meter = primary, copies, meter
         self._report, self._hook = report, on_event
         self.retry_base_s, self.retry_max_s = retry_base_s, retry_max_s
@@ -105,7 +118,28 @@ class Pipeline:
                 if left is not None and left <= 0:
                     return False
                 self._cond.wait(left if left is not None else 1.0)
+            latest = self._latest_local
+        if local_only or self.agent is None or latest is None:
             return True
+        return self._wait_agent(self.agent, latest, deadline)
+
+    def _wait_agent(self, agent: AgentPersistence, step: int, deadline: float | None) -> bool:
+        """Poll the agent until its persister is done with ``step`` (resending the hand-off
+        while the agent has not got it: the agent may have restarted)."""
+        pause = 0.02
+        while True:
+            st = agent.status()
+            done = None if st is None else st.get("done_through")
+            if type(done) is int and done >= step:
+                return True
+            got = None if st is None else st.get("flagged")
+            if self.ctx.leader and st is not None and (type(got) is not int or got < step):
+                agent.resend()  # for every tier: all nodes' leaders do it here
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(0.25, pause * 1.5)
 
     def close(self, timeout_s: float | None) -> bool:
         """Finish pending work (up to ``timeout_s``), then stop both threads. Collective."""
@@ -120,6 +154,8 @@ class Pipeline:
         return done and not self._writer.is_alive() and not self._copier.is_alive()
 
     def progress(self) -> Progress:
+        if self.agent is not None:
+            return self._agent_progress(self.agent)
         with self._cond:
             retry = None if self._retry_at is None else max(0.0, self._retry_at - time.monotonic())
             return Progress(
@@ -133,6 +169,40 @@ class Pipeline:
                 errors=dict(self._errors),
                 retry_in_s=retry,
             )
+
+    def _agent_progress(self, agent: AgentPersistence) -> Progress:
+        st = agent.status()
+        with self._cond:
+            committed = dict(self._committed)
+            errors = dict(self._errors)
+            pending = self._inflight
+        if st is None:
+            errors["agent"] = f"the node's agent does not answer on {agent.link.path}"
+            st = {}
+        theirs = st.get("committed") if isinstance(st.get("committed"), dict) else {}
+        assert isinstance(theirs, dict)
+        for name in self.agent_tiers:
+            v = theirs.get(name)
+            committed[name] = v if type(v) is int else None
+        if isinstance(st.get("errors"), dict):
+            errors.update({str(k): str(v) for k, v in st["errors"].items()})
+
+        def num(key: str) -> float:
+            v = st.get(key) if st else None
+            return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+
+        step, tier, retry = st.get("copying_step"), st.get("copying_tier"), st.get("retry_in_s")
+        return Progress(
+            committed=committed,
+            copying_step=step if type(step) is int else None,
+            copying_tier=tier if isinstance(tier, str) else None,
+            bytes_done=int(num("bytes_done")),
+            bytes_total=int(num("bytes_total")),
+            rate_bps=num("rate_bps"),
+            pending_snapshots=pending,
+            errors=errors,
+            retry_in_s=float(retry) if isinstance(retry, int | float) else None,
+        )
 
     def _idle_locked(self, local_only: bool) -> bool:
         if self._inflight:
@@ -169,7 +239,9 @@ class Pipeline:
                 tier.discard(step)  # leftovers of an earlier attempt at this step
         except OSError as exc:
             err = f"clear {d}: {exc}"
-        pre = self.cw.all_gather((err is None, snap.proposal))
+        pre = self.cw.all_gather((err is None, snap.proposal, snap.stall_s))
+        stalls = [p[2] for p in pre if p[2] is not None]
+        stall = max(stalls) if stalls else None
         props = [p[1] for p in pre if p[1] is not None]
         if len(props) == len(pre):  # read by save() only after staging_free: same on all ranks
             self.agreed = (max(p[0] for p in props), max(p[1] for p in props))
@@ -199,7 +271,10 @@ class Pipeline:
                     meta = (d / METADATA).read_bytes()
             except OSError as exc:
                 err = f"hash: {exc}"
-        parts = self.cw.all_gather((err, mine, meta, ctx.node))
+        # Which steps go to the durable store is decided here, by all ranks together: a step
+        # does when no node's persister is still busy with an earlier one (see persist.py).
+        idle = self.agent.global_idle() if self.agent is not None and ctx.leader else True
+        parts = self.cw.all_gather((err, mine, meta, ctx.node, time.time(), idle))
         errors = [f"rank {r}: {p[0]}" for r, p in enumerate(parts) if p[0]]
         manifest = None
         if not errors:
@@ -208,7 +283,11 @@ class Pipeline:
             files = [e for p in parts for e in p[1]]
             digest = hashlib.sha256(meta).hexdigest()
             files.append(FileEntry(METADATA, len(meta), digest, None, parts[0][3]))
-            manifest = Manifest(step, ctx.world_size, ctx.nodes, tuple(files), ctx.job, ctx.attempt)
+            # One creation time (rank 0's): every node's manifest has the same bytes, which
+            # the agents' decentralised durable commit relies on.
+            manifest = Manifest(
+                step, ctx.world_size, ctx.nodes, tuple(files), ctx.job, ctx.attempt, parts[0][4]
+            )
             if ctx.leader:
                 try:
                     if ctx.rank != 0:
@@ -221,6 +300,16 @@ class Pipeline:
         if errors or manifest is None:
             self._failed(tier, step, errors, discard=True)
             return
+        if self.agent is not None and ctx.leader:  # before anything that may end this process
+            durable = all(p[5] for p in parts)
+            if self.agent.handoff(step, stall, manifest.total_bytes(), durable):
+                with self._cond:
+                    self._errors.pop("agent", None)
+            else:  # wait() resends it; the next commit supersedes it
+                log.warning("rank %d: the agent did not take step %d (yet)", ctx.rank, step)
+                why = f"step {step}: hand-off to {self.agent.link.path} failed"
+                with self._cond:
+                    self._errors["agent"] = why
         with self._cond:
             self._manifests[step] = manifest
             self._latest_local = step

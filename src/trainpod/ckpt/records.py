@@ -32,6 +32,8 @@ class Snapshot:
     staged: dict[str, Any]
     proposal: tuple[float, float] | None = None
     """This rank's (save stall s, step time s), for the agreed automatic interval."""
+    stall_s: float | None = None
+    """How long this rank's ``save`` blocked for this snapshot (up to the hand-over)."""
     submitted: float = field(default_factory=time.monotonic)
 
 

@@ -147,6 +147,9 @@ class Tier(ABC):
     def open(self, loc: Location, name: str) -> IO[bytes]: ...
 
 
+_OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "az"}
+
+
 class FsTier(Tier):
     """A tier that is a directory tree on an fsspec file system (local or remote)."""
 
@@ -171,6 +174,9 @@ class FsTier(Tier):
         protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
         # Plain local files: DCP's FileSystemReader and os-level atomic renames apply.
         self.local = isinstance(self.fs, LocalFileSystem) and "file" in protocols
+        # Object stores have no directories: s3fs's makedirs would even create a missing
+        # *bucket* (a typo'd bucket silently appears, or fails with a misleading error).
+        self.has_dirs = not (_OBJECT_STORES & set(protocols))
         self.root = os.fspath(root).rstrip("/") if self.local else str(root).rstrip("/")
         self.node = node
         self.node_scoped = node is not None
@@ -191,7 +197,8 @@ class FsTier(Tier):
     # writing ----------------------------------------------------------------------------
     def put(self, step: int, src: Path, names: Sequence[str], meter: Meter) -> None:
         d = self.step_dir(step)
-        self.fs.makedirs(d, exist_ok=True)
+        if self.has_dirs:
+            self.fs.makedirs(d, exist_ok=True)
         for name in names:
             self._copy(src / name, f"{d}/{name}", meter)
 
@@ -226,16 +233,24 @@ class FsTier(Tier):
                 os.fsync(fout.fileno())
 
     def commit(self, step: int, manifest: Manifest) -> None:
-        data = manifest.to_json()
-        d = self.step_dir(step)
+        self.write_whole(f"{self.step_dir(step)}/{MANIFEST}", manifest.to_json())
+        self.write_whole(f"{self.write_root()}/latest", f"{step}\n".encode())
+
+    def write_whole(self, path: str, data: bytes) -> None:
+        """Write a small file so that readers see all of it or nothing (creating its dir).
+
+        Local: tmp + fsync + rename. Otherwise put + rename: atomic on file systems; on
+        object stores the put alone is.
+        """
         if self.local:
-            write_atomic(Path(d) / MANIFEST, data, sync=self.sync)
-            write_atomic(Path(self.write_root()) / "latest", f"{step}\n".encode(), sync=self.sync)
-        else:  # put + rename: atomic on file systems; on object stores the put alone is
-            for path, body in ((f"{d}/{MANIFEST}", data), (f"{self.write_root()}/latest", None)):
-                tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-                self.fs.pipe_file(tmp, body if body is not None else f"{step}\n".encode())
-                self.fs.mv(tmp, path)
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(Path(path), data, sync=self.sync)
+        else:
+            if self.has_dirs:
+                self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+            self.fs.pipe_file(tmp, data)
+            self.fs.mv(tmp, path)
 
     def discard(self, step: int) -> None:
         d = self.step_dir(step)
@@ -259,6 +274,8 @@ class FsTier(Tier):
     # reading ----------------------------------------------------------------------------
     def _steps(self, root: str) -> dict[int, bool]:
         """step -> has a manifest, for the step dirs under ``root``."""
+        if not self.local:
+            self.fs.invalidate_cache(root)  # s3fs caches listings forever, per process
         try:
             names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(root, detail=False)]
         except (FileNotFoundError, NotADirectoryError):

@@ -1,0 +1,530 @@
+"""Agent-owned checkpoint persistence: the hand-off socket and one persister per job.
+
+:class:`CheckpointHub` binds the node's hand-off socket (``TRAINPOD_CKPT_SOCKET``, a unix
+``SOCK_SEQPACKET`` socket; protocol in :mod:`trainpod.ckpt.handoff`) and answers from a
+daemon thread. For each job (and node) that hands it a committed step it runs a persister
+process (``python -m trainpod.ckpt.persist``) in a session of its own, so the copies to
+scratch, peer and durable go on when the worker is SIGKILLed or torn down, and do not
+compete with the training loop for its interpreter. The persister's reports become
+:class:`~trainpod.api.models.CheckpointReport` entries, delivered to the controller with the
+heartbeat at least once (:meth:`reports` / :meth:`delivered`), and its progress becomes
+:class:`~trainpod.api.models.CheckpointUpload` (:meth:`uploads`).
+
+When the controller's orders no longer list a job as active on this node
+(:meth:`retain`), its persister is told to finish the newest step (bounded by
+``finish_timeout_s``), then stopped, and the job's shared-memory dirs on this node are
+removed. Between attempts of a job nothing is removed: an in-job restart on the same node
+finds its memory tier. The memory dirs of the jobs it knows are kept in ``state_file``, so
+an agent that restarts still cleans up after them. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from trainpod.agent.unixsock import bind_seqpacket
+from trainpod.api.models import CheckpointReport, CheckpointUpload
+from trainpod.ckpt.handoff import MAX_MESSAGE, WIRE_VERSION, TierConfig
+from trainpod.ckpt.layout import SHM_ROOT
+from trainpod.ckpt.persist import DEFAULT_NICE, Request
+from trainpod.ckpt.tiers import step_name
+
+log = logging.getLogger(__name__)
+
+FINISH_TIMEOUT_S = 60.0
+"""How long a job's persister may go on after the job ended (finishing its newest step)."""
+MAX_PENDING = 1000
+"""Reports kept for the controller while it is away (the oldest are dropped beyond it)."""
+
+
+def memory_bases() -> list[Path]:
+    """Where memory tiers may live (see :func:`trainpod.ckpt.layout.resolve`): only dirs
+    below these are ever removed by a clean-up."""
+    return [SHM_ROOT / "trainpod", Path(tempfile.gettempdir()) / "trainpod-shm" / "trainpod"]
+
+
+def removable(path: Path) -> bool:
+    """A ``<base>/<job key>/<node>``-shaped path below a memory base (never anything else)."""
+    try:
+        p = path.absolute()
+    except OSError:
+        return False
+    for base in memory_bases():
+        try:
+            rel = p.relative_to(base)
+        except ValueError:
+            continue
+        return len(rel.parts) == 2 and ".." not in rel.parts
+    return False
+
+
+@dataclass
+class _Job:
+    key: tuple[str, str]  # (job key, node)
+    job_id: int | None
+    primary: Path
+    proc: subprocess.Popen[bytes] | None = None
+    status: dict[str, Any] = field(default_factory=dict)
+    saved_step: int = -1
+    sent_flagged: int = -1  # newest step handed over for the global tiers
+    finishing: bool = False
+    exited: bool = False
+
+    @property
+    def staging(self) -> Path:
+        return self.primary.parent / f".persist-{self.key[1]}"
+
+    @property
+    def lock(self) -> Path:
+        return self.primary.parent / f".persist-{self.key[1]}.lock"
+
+
+class CheckpointHub:
+    """The node's hand-off socket and its persister processes. :meth:`close` stops serving.
+
+    ``finish_timeout_s`` and ``nice`` default to ``TRAINPOD_PERSIST_FINISH_TIMEOUT_S`` and
+    ``TRAINPOD_PERSIST_NICE``, else 60 s and :data:`~trainpod.ckpt.persist.DEFAULT_NICE`.
+
+    Raises :class:`~trainpod.errors.Fatal` when ``path`` is too long or not a socket, and
+    :class:`~trainpod.errors.Conflict` when a live hub already serves it.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        log_dir: Path,
+        state_file: Path | None = None,
+        on_change: Callable[[], None] | None = None,
+        finish_timeout_s: float | None = None,
+        nice: int | None = None,
+        python: str = sys.executable,
+        mode: int = 0o600,
+    ) -> None:
+        self.path = Path(path)
+        self.log_dir = log_dir
+        self.state_file = state_file
+        env = os.environ
+        self.finish_timeout_s = (
+            finish_timeout_s
+            if finish_timeout_s is not None
+            else float(env.get("TRAINPOD_PERSIST_FINISH_TIMEOUT_S") or FINISH_TIMEOUT_S)
+        )
+        self.nice = (
+            nice if nice is not None else int(env.get("TRAINPOD_PERSIST_NICE") or DEFAULT_NICE)
+        )
+        self.python = python
+        self._on_change = on_change or (lambda: None)
+        self._lock = threading.Lock()
+        self._jobs: dict[tuple[str, str], _Job] = {}
+        self._pending: list[CheckpointReport] = []
+        self._active: set[int] | None = None
+        self._known: dict[int, set[str]] = self._load_state()
+        self._closing = False
+        self._finishers: list[threading.Thread] = []
+        self._listener = bind_seqpacket(self.path, mode, what="checkpoints", backlog=64)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listener, selectors.EVENT_READ)
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        self._thread = threading.Thread(target=self._serve, name="ckpt-hub", daemon=True)
+        self._thread.start()
+
+    # -- the controller's side ----------------------------------------------------------
+    def reports(self) -> list[CheckpointReport]:
+        """Reports not yet delivered, oldest first (send them; then :meth:`delivered`)."""
+        with self._lock:
+            return list(self._pending)
+
+    def delivered(self, reports: list[CheckpointReport]) -> None:
+        """The controller recorded ``reports`` (a prefix of what :meth:`reports` gave)."""
+        sent = {id(r) for r in reports}
+        with self._lock:
+            self._pending = [r for r in self._pending if id(r) not in sent]
+
+    def uploads(self) -> list[CheckpointUpload]:
+        """Where each job's persister stands (for jobs with a trainpod job id)."""
+        with self._lock:
+            jobs = [(j.job_id, dict(j.status)) for j in self._jobs.values() if j.job_id is not None]
+        out = []
+        for job_id, st in jobs:
+            assert job_id is not None
+            if not st:
+                continue
+            out.append(
+                CheckpointUpload(
+                    job_id=job_id,
+                    done_through=_int(st.get("done_through")),
+                    committed={str(k): _int(v) for k, v in (st.get("committed") or {}).items()},
+                    copying_step=_int(st.get("copying_step")),
+                    copying_tier=st.get("copying_tier") or None,
+                    bytes_done=_int(st.get("bytes_done")) or 0,
+                    bytes_total=_int(st.get("bytes_total")) or 0,
+                    rate_bps=float(st.get("rate_bps") or 0.0),
+                    retry_in_s=st.get("retry_in_s"),
+                    errors={str(k): str(v) for k, v in (st.get("errors") or {}).items()},
+                )
+            )
+        return out
+
+    def retain(self, active: set[int]) -> None:
+        """The jobs still active on this node: finish and clean up after every other one.
+        Returns at once (the clean-ups run in threads). Idempotent."""
+        with self._lock:
+            self._active = set(active)
+            ending = [j for j in self._jobs.values() if _ended(j, active) and not j.finishing]
+            for j in ending:
+                j.finishing = True
+            running = {j.job_id for j in self._jobs.values()}
+            orphans = {
+                job_id: dirs
+                for job_id, dirs in self._known.items()
+                if job_id not in active and job_id not in running
+            }
+        for j in ending:
+            t = threading.Thread(target=self._finish, args=(j,), name=f"ckpt-finish-{j.key[0]}")
+            t.start()
+            with self._lock:
+                self._finishers.append(t)
+        for job_id, dirs in orphans.items():
+            log.info("job %d has ended: removing its memory tier %s", job_id, sorted(dirs))
+            for d in dirs:
+                _remove_memory(Path(d), Path(d).name)
+            self._forget(job_id)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait for the clean-ups under way (tests, shutdown). True when none is left."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                self._finishers = [t for t in self._finishers if t.is_alive()]
+                left = list(self._finishers)
+            if not left:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            left[0].join(max(0.0, deadline - time.monotonic()))
+
+    def close(self) -> None:
+        """Stop serving; tell every persister to finish and exit (they do so on their own,
+        bounded by ``finish_timeout_s``). Idempotent."""
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        self._thread.join(5.0)
+        for key in list((self._sel.get_map() or {}).values()):
+            key.fileobj.close()  # type: ignore[union-attr]  # only sockets registered
+        self._sel.close()
+        self._wake_w.close()
+        self.path.unlink(missing_ok=True)
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for j in jobs:
+            _close_stdin(j.proc)
+
+    # -- the socket ---------------------------------------------------------------------
+    def _serve(self) -> None:
+        try:
+            while not self._closing:
+                for key, _ in self._sel.select():
+                    conn = key.fileobj
+                    if conn is self._listener:
+                        self._accept()
+                    elif conn is not self._wake_r:
+                        assert isinstance(conn, socket.socket)
+                        self._answer(conn)
+        except BaseException:
+            if not self._closing:
+                log.exception("the checkpoint hand-off server on %s died", self.path)
+            raise
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("cannot accept a checkpoint hand-off connection: %s", exc)
+                return
+            conn.setblocking(False)
+            self._sel.register(conn, selectors.EVENT_READ)
+
+    def _answer(self, conn: socket.socket) -> None:
+        try:
+            data = conn.recv(MAX_MESSAGE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            try:
+                reply = self.handle(json.loads(data))
+            except ValueError as exc:
+                reply = {"ok": False, "error": f"bad request: {exc}"}
+            try:
+                conn.send(json.dumps(reply, default=str).encode()[:MAX_MESSAGE])
+            except OSError:
+                pass
+        self._sel.unregister(conn)
+        conn.close()
+
+    def handle(self, msg: Any) -> dict[str, Any]:
+        """Answer one request (see :mod:`trainpod.ckpt.handoff`). Never raises."""
+        if not isinstance(msg, dict) or msg.get("v", WIRE_VERSION) != WIRE_VERSION:
+            return {"ok": False, "error": "unknown request"}
+        key = (msg.get("job_key"), msg.get("node"))
+        if not all(isinstance(k, str) and k and "/" not in k for k in key):
+            return {"ok": False, "error": f"job_key and node must be plain names, got {key}"}
+        job_key, node = str(key[0]), str(key[1])
+        if msg.get("op") == "status":
+            with self._lock:
+                j = self._jobs.get((job_key, node))
+                # A persister that died knows nothing any more: the worker then hands the
+                # step over again, which starts a new one.
+                if j is None or j.exited:
+                    return {"ok": True, "status": {}}
+                st = dict(j.status)
+                flagged = st.get("flagged")
+                if j.sent_flagged > (flagged if type(flagged) is int else -1):
+                    st["global_busy"] = True  # handed over, not seen by the persister yet
+                return {"ok": True, "status": st}
+        if msg.get("op") == "persist":
+            try:
+                return self._persist(job_key, node, msg)
+            except (ValueError, OSError) as exc:
+                return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        return {"ok": False, "error": f"unknown op {msg.get('op')!r}"}
+
+    # -- persisters ---------------------------------------------------------------------
+    def _persist(self, job_key: str, node: str, msg: dict[str, Any]) -> dict[str, Any]:
+        req = Request.from_dict(msg)
+        cfg: TierConfig = req.config
+        primary = Path(cfg.memory or cfg.scratch or "")
+        if not primary.is_absolute() or not (primary / step_name(req.step)).is_dir():
+            raise ValueError(f"step {req.step} is not committed under {primary}")
+        with self._lock:
+            active = self._active
+            if req.job_id is not None and active is not None and req.job_id not in active:
+                return {"ok": False, "error": f"job {req.job_id} is not active on this node"}
+            j = self._jobs.get((job_key, node))
+            if j is not None and j.finishing:
+                return {"ok": False, "error": f"job {job_key} is being cleaned up here"}
+            if j is None or j.exited:
+                j = _Job((job_key, node), req.job_id, primary, saved_step=j.saved_step if j else -1)
+                self._jobs[j.key] = j
+                spawn = True
+            else:
+                spawn = False
+            if req.job_id is not None and cfg.memory and removable(Path(cfg.memory)):
+                known = self._known.setdefault(req.job_id, set())
+                if cfg.memory not in known:
+                    known.add(cfg.memory)
+                    self._save_state_locked()
+            new_step = req.step > j.saved_step
+            if new_step:
+                j.saved_step = req.step
+            if req.durable:
+                j.sent_flagged = max(j.sent_flagged, req.step)
+        if spawn:
+            self._spawn(j)
+        proc = j.proc
+        if proc is None or proc.stdin is None:
+            raise OSError("the persister did not start")
+        proc.stdin.write(json.dumps(msg, separators=(",", ":")).encode() + b"\n")
+        proc.stdin.flush()
+        if new_step and req.job_id is not None:
+            stall = msg.get("stall_s")
+            nbytes = msg.get("bytes")
+            primary_name = "memory" if cfg.memory else "scratch"
+            self._add_report(
+                CheckpointReport(
+                    job_id=req.job_id,
+                    attempt_id=req.attempt_id,
+                    step=req.step,
+                    tier=primary_name,
+                    scope="node",
+                    ok=True,
+                    saved=True,
+                    bytes=nbytes if type(nbytes) is int else 0,
+                    stall_s=float(stall) if isinstance(stall, int | float) else None,
+                    at=time.time(),
+                )
+            )
+        return {"ok": True}
+
+    def _spawn(self, j: _Job) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        argv = [
+            self.python,
+            "-m",
+            "trainpod.ckpt.persist",
+            "--job-key",
+            j.key[0],
+            "--node",
+            j.key[1],
+            "--staging",
+            str(j.staging),
+            "--finish-timeout-s",
+            str(self.finish_timeout_s),
+            "--nice",
+            str(self.nice),
+        ]
+        with (self.log_dir / f"{j.key[0]}.log").open("ab") as err:
+            j.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,  # not in any worker's process group: survives teardown
+            )
+        log.info("checkpoint persister for %s on %s: pid %d", j.key[0], j.key[1], j.proc.pid)
+        assert j.proc.stdout is not None
+        threading.Thread(
+            target=self._read, args=(j, j.proc.stdout), name=f"ckpt-read-{j.key[0]}", daemon=True
+        ).start()
+
+    def _read(self, j: _Job, out: IO[bytes]) -> None:
+        for line in out:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(msg, dict):
+                continue
+            event = msg.get("event")
+            if event in ("status", "exited") and isinstance(msg.get("status"), dict):
+                with self._lock:
+                    j.status = msg["status"]
+            elif event in ("committed", "failed") and j.job_id is not None:
+                self._add_report(_report_of(j.job_id, msg))
+        with self._lock:
+            j.exited = True
+
+    def _add_report(self, report: CheckpointReport) -> None:
+        with self._lock:
+            self._pending.append(report)
+            del self._pending[:-MAX_PENDING]
+        self._on_change()
+
+    def _finish(self, j: _Job) -> None:
+        """Let the persister finish the newest step (bounded), stop it, remove the memory tier."""
+        proc = j.proc
+        if proc is not None:
+            _close_stdin(proc)
+            try:
+                proc.wait(self.finish_timeout_s + 5.0)
+            except subprocess.TimeoutExpired:
+                log.warning("persister of %s did not finish in time: stopping it", j.key[0])
+                proc.kill()
+                proc.wait()
+        log.info("job %s has ended: removing its memory tier %s", j.key[0], j.primary)
+        if removable(j.primary):
+            _remove_memory(j.primary, j.key[1])
+        else:
+            shutil.rmtree(j.staging, ignore_errors=True)
+            j.lock.unlink(missing_ok=True)
+        with self._lock:
+            if self._jobs.get(j.key) is j:
+                del self._jobs[j.key]
+        if j.job_id is not None:
+            with self._lock:
+                still = any(x.job_id == j.job_id for x in self._jobs.values())
+            if not still:
+                self._forget(j.job_id)
+
+    # -- what survives an agent restart -------------------------------------------------
+    def _load_state(self) -> dict[int, set[str]]:
+        if self.state_file is None:
+            return {}
+        try:
+            body = json.loads(self.state_file.read_text())
+            return {int(k): {str(d) for d in v} for k, v in body.items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            return {}
+
+    def _save_state_locked(self) -> None:
+        if self.state_file is None:
+            return
+        body = {str(k): sorted(v) for k, v in self._known.items()}
+        tmp = self.state_file.with_name(f".{self.state_file.name}.tmp")
+        try:
+            tmp.write_text(json.dumps(body))
+            os.replace(tmp, self.state_file)
+        except OSError as exc:
+            log.warning("cannot save %s: %s", self.state_file, exc)
+
+    def _forget(self, job_id: int) -> None:
+        with self._lock:
+            if self._known.pop(job_id, None) is not None:
+                self._save_state_locked()
+
+
+def _ended(j: _Job, active: set[int]) -> bool:
+    return j.job_id is not None and j.job_id not in active
+
+
+def _int(v: Any) -> int | None:
+    return v if type(v) is int else None
+
+
+def _report_of(job_id: int, msg: dict[str, Any]) -> CheckpointReport:
+    def num(key: str) -> float | None:
+        v = msg.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    tier = str(msg.get("tier") or "?")
+    return CheckpointReport(
+        job_id=job_id,
+        attempt_id=_int(msg.get("attempt_id")),
+        step=_int(msg.get("step")) or 0,
+        tier=tier,
+        scope="job" if tier == "durable" else "node",
+        ok=msg.get("event") == "committed",
+        bytes=_int(msg.get("bytes")) or 0,
+        seconds=num("seconds") or 0.0,
+        since_save_s=num("since_save_s"),
+        reason=str(msg.get("reason") or "")[:2000],
+        wrote_manifest=bool(msg.get("wrote_manifest")),
+        at=time.time(),
+    )
+
+
+def _remove_memory(memory: Path, node: str) -> None:
+    """Remove a node's memory tier dir, its persister's staging and lock, and the job's dir
+    once no node's dir is left in it. Only below a memory base (see :func:`removable`)."""
+    if not removable(memory):
+        return
+    shutil.rmtree(memory, ignore_errors=True)
+    shutil.rmtree(memory.parent / f".persist-{node}", ignore_errors=True)
+    (memory.parent / f".persist-{node}.lock").unlink(missing_ok=True)
+    try:
+        memory.parent.rmdir()
+    except OSError:
+        pass  # another node's tier is still there (all nodes share /dev/shm locally)
+
+
+def _close_stdin(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None and proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass

@@ -1,0 +1,279 @@
+"""The checkpoint hand-off between a worker and its node's agent, and the tier recipe both use.
+
+Under trainpod the agent owns persistence (see ``docs/decisions/0009``): the worker writes
+and commits the node-local primary tier (shared memory) and its node leader hands the
+committed step to the agent over the unix socket named by ``TRAINPOD_CKPT_SOCKET``; the
+agent's persister process (:mod:`trainpod.ckpt.persist`) copies it on to scratch, peer and
+durable. Both ends build their tiers from one :class:`TierConfig`, a plain JSON-able record,
+so the agent needs no Python object of the worker's.
+
+Wire format: one JSON object per ``SOCK_SEQPACKET`` message, one reply per request, then
+the worker closes. Requests::
+
+    {"op": "persist", "v": 1, "job_key", "node", "step", "job_id", "attempt_id", "stall_s",
+     "bytes", "retry_base_s", "durable", "tiers": TierConfig}
+                                                      -> {"ok": true} | {"ok": false, "error"}
+    {"op": "status", "v": 1, "job_key", "node"}       -> {"ok": true, "status": {...} | null}
+
+``persist`` is idempotent (the newest step wins; resending a step is harmless). ``durable``
+says whether the step goes to the global tiers too: the workers decide it together in the
+gather that commits the step (see :class:`trainpod.ckpt.persist.Persister`). Importing this
+module is cheap (no torch, no fsspec until tiers are built).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainpod.ckpt.errors import CheckpointConfigError
+
+SOCKET_ENV = "TRAINPOD_CKPT_SOCKET"
+WIRE_VERSION = 1
+MAX_MESSAGE = 65536
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from trainpod.ckpt.layout import Layout
+    from trainpod.ckpt.tiers import Tier
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """Where one node's tiers of one job live; JSON-able (``to_dict`` / ``from_dict``)."""
+
+    node: str
+    """The node whose part these tiers hold."""
+    memory: str | None = None
+    """Shared-memory tier root (the primary when set)."""
+    scratch: str | None = None
+    """Node scratch tier root (the primary when there is no memory tier)."""
+    peer_holder: str | None = None
+    """The node that keeps this node's peer copy; None: no peer tier."""
+    peer_roots: dict[str, str] = field(default_factory=dict)
+    """Node -> where it keeps the peer copies it holds."""
+    durable: str = ""
+    """Durable store: a local path or an fsspec URL; "" for none."""
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    keep: dict[str, int] = field(default_factory=dict)
+    """Retention per tier name (missing names keep 2)."""
+    bandwidth_bps: float | None = None
+    """Cap on bytes/s copied to throttled tiers (peer, durable); None: unlimited."""
+
+    @classmethod
+    def of_layout(
+        cls,
+        layout: Layout,
+        *,
+        keep: Mapping[str, int],
+        peer: bool = True,
+        storage_options: Mapping[str, Any] | None = None,
+        bandwidth_bps: float | None = None,
+    ) -> TierConfig:
+        holder = layout.peer_of(layout.node) if peer and layout.scratch_base is not None else None
+        roots = {n: str(r) for n in layout.nodes if (r := layout.peer_root(n)) is not None}
+        return cls(
+            node=layout.node,
+            memory=None if layout.memory is None else str(layout.memory),
+            scratch=None if layout.scratch is None else str(layout.scratch),
+            peer_holder=holder if holder in roots else None,
+            peer_roots=roots if holder in roots else {},
+            durable=layout.durable,
+            storage_options=dict(storage_options or {}),
+            keep=dict(keep),
+            bandwidth_bps=bandwidth_bps,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> TierConfig:
+        """Parse what :meth:`to_dict` made. Raises ``ValueError`` on anything else."""
+        if not isinstance(d, dict):
+            raise ValueError(f"tier config must be an object, got {type(d).__name__}")
+
+        def opt_str(key: str) -> str | None:
+            v = d.get(key)
+            if v is not None and not isinstance(v, str):
+                raise ValueError(f"{key} must be a string or null, got {v!r}")
+            return v
+
+        node, durable = d.get("node"), d.get("durable", "")
+        roots, keep, opts = d.get("peer_roots", {}), d.get("keep", {}), d.get("storage_options", {})
+        bw = d.get("bandwidth_bps")
+        if not isinstance(node, str) or not node or not isinstance(durable, str):
+            raise ValueError(f"node and durable must be strings, got {node!r}, {durable!r}")
+        if not (isinstance(roots, dict) and all(isinstance(v, str) for v in roots.values())):
+            raise ValueError(f"peer_roots must map nodes to paths, got {roots!r}")
+        if not (isinstance(keep, dict) and all(type(v) is int for v in keep.values())):
+            raise ValueError(f"keep must map tiers to ints, got {keep!r}")
+        if not isinstance(opts, dict):
+            raise ValueError(f"storage_options must be an object, got {opts!r}")
+        if bw is not None and (isinstance(bw, bool) or not isinstance(bw, int | float)):
+            raise ValueError(f"bandwidth_bps must be a number or null, got {bw!r}")
+        holder = opt_str("peer_holder")
+        return cls(
+            node=node,
+            memory=opt_str("memory"),
+            scratch=opt_str("scratch"),
+            peer_holder=holder if holder in roots else None,
+            peer_roots={str(k): v for k, v in roots.items()},
+            durable=durable,
+            storage_options=opts,
+            keep={str(k): v for k, v in keep.items()},
+            bandwidth_bps=None if bw is None else float(bw),
+        )
+
+
+def build_tiers(cfg: TierConfig) -> list[Tier]:
+    """memory → scratch → peer → durable, as far as ``cfg`` has them (fastest first).
+
+    Raises :class:`CheckpointConfigError` when the durable URL has no usable fsspec backend.
+    """
+    from fsspec.core import url_to_fs  # type: ignore[import-untyped]  # no type hints
+
+    from trainpod.ckpt.tiers import FsTier, PeerTier
+
+    def keep(name: str) -> int:
+        return cfg.keep.get(name, 2)
+
+    tiers: list[Tier] = []
+    if cfg.memory is not None:
+        tiers.append(FsTier("memory", cfg.memory, node=cfg.node, keep=keep("memory"), sync=False))
+    if cfg.scratch is not None:
+        tiers.append(FsTier("scratch", cfg.scratch, node=cfg.node, keep=keep("scratch")))
+    if cfg.peer_holder is not None:
+        roots = {n: Path(r) for n, r in cfg.peer_roots.items()}
+        tiers.append(PeerTier(cfg.node, cfg.peer_holder, roots, keep=keep("peer")))
+    if cfg.durable:
+        try:
+            fs, path = url_to_fs(cfg.durable, **cfg.storage_options)
+        except (ImportError, ValueError) as exc:
+            raise CheckpointConfigError(
+                f"durable store {cfg.durable!r}: {exc}; install its fsspec backend "
+                "(s3fs for s3://) or pass dir= a local path"
+            ) from exc
+        tiers.append(
+            FsTier("durable", path, fs=fs, keep=keep("durable"), throttled=True, retry=True)
+        )
+    return tiers
+
+
+class AgentLink:
+    """The worker's end of the hand-off socket. Thread-safe; every call blocks at most
+    ``timeout_s`` and never raises (None: the agent did not answer)."""
+
+    def __init__(self, path: str, timeout_s: float = 2.0) -> None:
+        self.path = path
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> AgentLink | None:
+        path = (os.environ if env is None else env).get(SOCKET_ENV, "")
+        return cls(path) if path else None
+
+    def request(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        """Send one request, return the reply (a dict), or None on any failure."""
+        data = json.dumps({"v": WIRE_VERSION, **msg}, separators=(",", ":")).encode()
+        if len(data) > MAX_MESSAGE:
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.settimeout(self.timeout_s)
+            sock.connect(self.path)
+            sock.send(data)
+            reply = json.loads(sock.recv(MAX_MESSAGE).decode() or "null")
+        except (OSError, ValueError):
+            return None
+        finally:
+            sock.close()
+        return reply if isinstance(reply, dict) else None
+
+    def status(self, job_key: str, node: str) -> dict[str, Any] | None:
+        """The persister's status for this job and node; {} when it has none yet."""
+        reply = self.request({"op": "status", "job_key": job_key, "node": node})
+        if reply is None or not reply.get("ok"):
+            return None
+        st = reply.get("status")
+        return st if isinstance(st, dict) else {}
+
+
+class AgentPersistence:
+    """A worker's hand-off of one job's committed steps to its node's agent.
+
+    ``handoff`` (node leader, writer thread) tells the agent about a step committed in the
+    primary tier; ``resend`` repeats the newest one (idempotent); ``status`` reads back what
+    the agent's persister did. Thread-safe; never raises; blocks at most the link timeout.
+    """
+
+    def __init__(
+        self,
+        link: AgentLink,
+        *,
+        job_key: str,
+        node: str,
+        config: TierConfig,
+        job_id: int | None,
+        attempt_id: int | None,
+        retry_base_s: float = 1.0,
+    ) -> None:
+        self.link = link
+        self.job_key = job_key
+        self.node = node
+        self.config = config
+        self.job_id = job_id
+        self.attempt_id = attempt_id
+        self.retry_base_s = retry_base_s
+        self._last: dict[str, Any] | None = None
+
+    def handoff(self, step: int, stall_s: float | None, nbytes: int, durable: bool = True) -> bool:
+        """True when the agent accepted the step (it persists it from then on); ``durable``:
+        to the global tiers too (decided by all ranks together)."""
+        msg = {
+            "op": "persist",
+            "job_key": self.job_key,
+            "node": self.node,
+            "step": step,
+            "job_id": self.job_id,
+            "attempt_id": self.attempt_id,
+            "stall_s": stall_s,
+            "bytes": nbytes,
+            "retry_base_s": self.retry_base_s,
+            "durable": durable,
+            "tiers": self.config.to_dict(),
+        }
+        if self._last is None or step >= self._last["step"]:
+            self._last = msg
+        reply = self.link.request(msg)
+        return bool(reply and reply.get("ok"))
+
+    def resend(self) -> bool:
+        """Hand the newest step over again, for every tier (``wait()`` and ``close()``: every
+        node's leader does it, so the nodes agree on the step)."""
+        last = self._last
+        if last is None:
+            return False
+        reply = self.link.request({**last, "durable": True})
+        return bool(reply and reply.get("ok"))
+
+    def global_idle(self) -> bool:
+        """Whether this node's persister is free to start on a new step for the global tiers
+        (True when it cannot be asked: the step is then still handed over)."""
+        st = self.status()
+        return st is None or not st.get("global_busy")
+
+    def status(self) -> dict[str, Any] | None:
+        return self.link.status(self.job_key, self.node)
+
+
+def env_int(name: str, env: Mapping[str, str] | None = None) -> int | None:
+    try:
+        return int((os.environ if env is None else env).get(name, ""))
+    except ValueError:
+        return None

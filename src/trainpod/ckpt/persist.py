@@ -1,0 +1,739 @@
+"""The agent's checkpoint persister: one process per job and node, outside the workers.
+
+``python -m trainpod.ckpt.persist --job-key K --node N --staging DIR`` is started by the
+node's agent (:mod:`trainpod.agent.persisters`) in a session of its own, so a worker that is
+SIGKILLed, or torn down with its process group, does not take the uploads with it. It reads
+hand-off requests (JSON lines, see :mod:`trainpod.ckpt.handoff`) on stdin and writes reports
+(JSON lines) on stdout; EOF on stdin means "finish the newest step, then exit" (bounded by
+``--finish-timeout-s``). It runs at a low CPU priority (``--nice``): the training loop comes
+first, and on a GPU node the spare cores do the copying.
+
+What it does with the steps it is given (the newest wins; older ones are skipped):
+
+1. hard-links this node's files of the step out of the shared-memory tier into ``DIR``
+   (free on tmpfs), so the worker's retention may drop the step while it is being copied;
+2. copies them with the :class:`~trainpod.ckpt.tiers.Tier` classes to the node-scoped tiers
+   (scratch, peer: commit = this node's manifest) for every step, and to the global tier
+   (durable) for the steps flagged ``durable``. The workers flag a step in the gather that
+   commits it, only when no node's persister is busy with the durable store, so every
+   node uploads the same steps; ``wait()``/``close()`` and the end of the job flag the
+   newest step on every node;
+3. durable holds every node's part, so it commits without any collective: each node's
+   persister uploads its part, then writes ``parts/<node>.json`` atomically (node, step and
+   the SHA-256 of the manifest, which is byte-identical on every node); whoever then sees a
+   valid marker from every node that owns files writes ``manifest.json`` (the same bytes:
+   concurrent writers are harmless) and prunes durable retention. A node that finishes first
+   polls until the manifest appears or a newer step arrives, and writes it itself if the
+   last writer died between its marker and the manifest.
+
+A failed durable copy is retried with exponential backoff, always for the newest flagged
+step; a failed scratch or peer copy is skipped until the next step (the pipeline's semantics).
+Reports: ``{"event": "committed"|"failed", "tier", "step", "bytes", "seconds", "reason",
+"job_id", "attempt_id", "wrote_manifest"}`` and ``{"event": "status", "status": {...}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainpod.ckpt.errors import CheckpointError, ManifestError
+from trainpod.ckpt.handoff import TierConfig, build_tiers
+from trainpod.ckpt.manifest import MANIFEST, METADATA, Manifest
+from trainpod.ckpt.tiers import FsTier, Meter, Tier, step_name
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NICE = 19
+"""The persister's niceness: the lowest CPU priority. On a busy 2-core machine it costs the
+training loop ~1% instead of 8% at 10 (benchmarks/checkpoint.py); on a GPU node the cores the
+loop leaves idle do the copying at full speed."""
+PART_FORMAT = "trainpod-ckpt-part/1"
+PARTS = "parts"
+Emit = Callable[[dict[str, Any]], None]
+
+
+# -- the decentralised durable commit ------------------------------------------------------
+def manifest_digest(m: Manifest) -> str:
+    return hashlib.sha256(m.to_json()).hexdigest()
+
+
+def parts_needed(m: Manifest) -> set[str]:
+    """The nodes whose part a global tier needs: every node with data files, and the node
+    whose ``.metadata`` entry it is (that node uploads it)."""
+    needed = {f.node for f in m.files if f.rank is not None}
+    meta = m.entry(METADATA)
+    if meta is not None:
+        needed.add(meta.node)
+    return needed
+
+
+def global_names(m: Manifest, node: str) -> list[str]:
+    """The files ``node`` uploads to a global tier: its ranks' files (and ``.metadata`` when
+    the manifest names it as its writer, so exactly one node writes each file)."""
+    names = [f.name for f in m.files if f.rank is not None and f.node == node]
+    meta = m.entry(METADATA)
+    if meta is not None and meta.node == node:
+        names.append(METADATA)
+    return names
+
+
+def part_path(tier: FsTier, step: int, node: str) -> str:
+    return f"{tier.step_dir(step)}/{PARTS}/{node}.json"
+
+
+def write_part(tier: FsTier, m: Manifest, node: str) -> None:
+    """Say atomically that ``node``'s part of ``m`` is in ``tier`` (after uploading it)."""
+    body = {"format": PART_FORMAT, "node": node, "step": m.step, "manifest": manifest_digest(m)}
+    tier.write_whole(part_path(tier, m.step, node), json.dumps(body).encode())
+
+
+def has_part(tier: FsTier, m: Manifest, node: str) -> bool:
+    """Whether ``tier`` holds a valid marker of ``node``'s part of exactly ``m``. A missing,
+    torn or foreign marker (another attempt's checkpoint of the same step) is not one."""
+    try:
+        body = json.loads(tier.fs.cat_file(part_path(tier, m.step, node)))
+    except FileNotFoundError:
+        return False
+    except ValueError:
+        return False
+    return (
+        isinstance(body, dict)
+        and body.get("format") == PART_FORMAT
+        and body.get("node") == node
+        and body.get("step") == m.step
+        and body.get("manifest") == manifest_digest(m)
+    )
+
+
+def is_committed(tier: FsTier, m: Manifest) -> bool:
+    """Whether ``tier`` has ``m`` itself committed (not another attempt's same step)."""
+    try:
+        data = bytes(tier.fs.cat_file(f"{tier.step_dir(m.step)}/{MANIFEST}"))
+        return Manifest.from_json(data) == m
+    except (FileNotFoundError, ManifestError):
+        return False
+
+
+def try_commit(tier: FsTier, m: Manifest) -> bool:
+    """Commit ``m`` to the global ``tier`` if every needed part is there; True once it is
+    committed (by this call or by another node's). Idempotent; raises what the store raises."""
+    if is_committed(tier, m):
+        return True
+    if not all(has_part(tier, m, n) for n in sorted(parts_needed(m))):
+        return False
+    tier.commit(m.step, m)
+    return True
+
+
+# -- one node's persister -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    """One hand-off: persist ``step`` of this job (the newest step wins)."""
+
+    step: int
+    config: TierConfig
+    job_id: int | None = None
+    attempt_id: int | None = None
+    retry_base_s: float = 1.0
+    durable: bool = True
+    """Whether the step goes to the global tiers too (the workers decided it together: see
+    :class:`Persister`); node tiers take every step."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Request:
+        """Raises ``ValueError`` for a malformed request."""
+        step = d.get("step")
+        if type(step) is not int or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        ids = [d.get("job_id"), d.get("attempt_id")]
+        base = d.get("retry_base_s", 1.0)
+        if isinstance(base, bool) or not isinstance(base, int | float) or base <= 0:
+            raise ValueError(f"retry_base_s must be a positive number, got {base!r}")
+        return cls(
+            step=step,
+            config=TierConfig.from_dict(d.get("tiers")),
+            job_id=ids[0] if type(ids[0]) is int else None,
+            attempt_id=ids[1] if type(ids[1]) is int else None,
+            retry_base_s=float(base),
+            durable=d.get("durable", True) is not False,
+        )
+
+
+@dataclass
+class _Waiting:
+    """A step whose part this node has put into the global tiers; the others' are not in."""
+
+    req: Request
+    manifest: Manifest
+    next_poll: float
+    interval: float
+
+
+def _newer_attempt(a: Request, b: Request) -> bool:
+    return a.attempt_id is not None and b.attempt_id is not None and a.attempt_id > b.attempt_id
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+class Persister:
+    """Copies one node's part of the steps it is given to every copy tier. Thread-safe:
+    :meth:`offer` and :meth:`finish` from any thread, :meth:`run` (or the rounds) in one.
+
+    Node tiers (scratch, peer) always take the newest step offered. Global tiers (durable)
+    take the newest step offered with ``durable=True``: the workers set it, through the
+    gather that commits the step, only when every node's persister said it was not busy
+    with the global tiers; so every node uploads the same steps and a checkpoint's parts
+    meet (nodes that each took "the newest step" at different moments might never upload
+    the same one). ``wait()``/``close()`` of the workers, and the end of the job
+    (:meth:`finish`), send the newest step with ``durable=True`` on every node.
+
+    ``staging``: where steps are hard-linked while they are copied (None: read in place).
+    ``emit``: called with each report (from the thread running the rounds, and with the
+    status from :meth:`offer`).
+    """
+
+    def __init__(
+        self,
+        node: str,
+        emit: Emit,
+        *,
+        staging: Path | None = None,
+        retry_max_s: float = 60.0,
+        poll_s: tuple[float, float] = (0.1, 2.0),
+    ) -> None:
+        self.node = node
+        self.staging = staging
+        self._emit = emit
+        self.retry_max_s = retry_max_s
+        self.poll_s = poll_s
+        self.meter = Meter(on_progress=lambda _m: self.emit_status())
+        self._cond = threading.Condition()
+        self._want: Request | None = None  # newest offered: node tiers
+        self._dwant: Request | None = None  # newest offered for the global tiers
+        self._node_done: int | None = None
+        self._node_tried: int | None = None
+        self._global_done: int | None = None
+        self._global_tried: int | None = None
+        self._running: str | None = None  # "node", "global" or "both" while a round runs
+        self._retry_at: float | None = None
+        self._failures = 0
+        self._waiting: _Waiting | None = None
+        self._finishing = False
+        self._committed: dict[str, int | None] = {}
+        self._errors: dict[str, str] = {}
+        self._skipped: dict[str, int] = {}
+        self._config: TierConfig | None = None
+        self._tiers: list[Tier] = []
+
+    # -- feeding ------------------------------------------------------------------------
+    def offer(self, req: Request) -> None:
+        """Persist ``req.step`` (unless a newer step was offered). Idempotent; a request
+        with ``durable`` for a step already offered without it adds the global tiers."""
+        with self._cond:
+            want = self._want
+            if want is not None and req.step < want.step and _newer_attempt(req, want):
+                self._rollback_locked(req)
+            if self._want is None or req.step >= self._want.step:
+                self._want = req
+            if req.durable and (self._dwant is None or req.step >= self._dwant.step):
+                self._dwant = req
+            self._cond.notify_all()
+        self.emit_status()
+
+    def _rollback_locked(self, req: Request) -> None:
+        """A later attempt resumed from an older step and saves again: its steps count,
+        even those this persister did for the earlier attempt."""
+        log.info("%s: attempt %s restarts at step %d", self.node, req.attempt_id, req.step)
+        below = req.step - 1
+
+        def cap(s: int | None) -> int | None:
+            return None if s is None or s > below else s
+
+        self._want = self._dwant = None
+        self._node_done, self._node_tried = cap(self._node_done), cap(self._node_tried)
+        self._global_done, self._global_tried = cap(self._global_done), cap(self._global_tried)
+        self._retry_at = self._waiting = None
+        self._committed = {t: cap(s) for t, s in self._committed.items()}
+        self._skipped.clear()
+
+    def finish(self) -> None:
+        """The job ended here: put the newest step into every tier, then let :meth:`run`
+        return (every node gets this at the end of the job, so they agree on the step)."""
+        with self._cond:
+            self._finishing = True
+            if self._want is not None and (
+                self._dwant is None or self._want.step > self._dwant.step
+            ):
+                self._dwant = dataclasses.replace(self._want, durable=True)
+            self._cond.notify_all()
+
+    # -- status -------------------------------------------------------------------------
+    def _has_global(self) -> bool:
+        cfg = self._config if self._config is not None else (self._want and self._want.config)
+        return bool(cfg and cfg.durable)
+
+    def _done_locked(self) -> int | None:
+        """The newest step done in every tier it will reach (node and global)."""
+        if self._has_global():
+            if self._node_done is None or self._global_done is None:
+                return None
+            return min(self._node_done, self._global_done)
+        return self._node_done
+
+    def status(self) -> dict[str, Any]:
+        with self._cond:
+            retry = None if self._retry_at is None else max(0.0, self._retry_at - time.monotonic())
+            m = self.meter
+            return {
+                "received": None if self._want is None else self._want.step,
+                "flagged": None if self._dwant is None else self._dwant.step,
+                "done_through": self._done_locked(),
+                "global_busy": self._global_busy_locked(),
+                "committed": dict(self._committed),
+                "errors": dict(self._errors),
+                "copying_step": m.step,
+                "copying_tier": m.tier,
+                "bytes_done": m.done,
+                "bytes_total": m.total,
+                "rate_bps": m.rate_bps(),
+                "retry_in_s": retry,
+                "waiting_step": None if self._waiting is None else self._waiting.req.step,
+                "pid": os.getpid(),
+            }
+
+    def emit_status(self) -> None:
+        self._emit({"event": "status", "status": self.status()})
+
+    # -- the loop -----------------------------------------------------------------------
+    def _node_ready_locked(self) -> bool:
+        want, past = self._want, _max(self._node_done, self._node_tried)
+        return want is not None and (past is None or want.step > past)
+
+    def _global_pending_locked(self) -> bool:
+        d = self._dwant
+        return d is not None and (self._global_done is None or d.step > self._global_done)
+
+    def _global_ready_locked(self) -> bool:
+        d = self._dwant
+        if d is None or not self._global_pending_locked():
+            return False
+        if self._global_tried is None or d.step > self._global_tried:
+            return True
+        return self._retry_at is not None and time.monotonic() >= self._retry_at
+
+    def _global_busy_locked(self) -> bool:
+        """Copying into the global tiers, or about to: not while only waiting for other
+        nodes' parts or for a retry (a new step may then take over, on every node)."""
+        return self._running in ("global", "both") or self._global_ready_locked()
+
+    def _own_part_done_locked(self) -> bool:
+        """Nothing to do, or only other nodes' parts of the newest global step are missing."""
+        if self._node_ready_locked():
+            return False
+        if not self._global_pending_locked():
+            return True
+        w, d = self._waiting, self._dwant
+        return w is not None and d is not None and w.req.step == d.step
+
+    def run(
+        self, finish_timeout_s: float | None = None, stop: threading.Event | None = None
+    ) -> None:
+        """Rounds until :meth:`finish` was called and this node's part of the newest step is
+        done (or, after finish, ``finish_timeout_s`` passed), or until ``stop`` is set."""
+        finish_by: float | None = None
+        while stop is None or not stop.is_set():
+            job: tuple[Request, bool, bool] | None = None
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    if self._finishing and finish_by is None and finish_timeout_s is not None:
+                        finish_by = now + finish_timeout_s
+                    if self._finishing and (
+                        self._own_part_done_locked() or (finish_by is not None and now >= finish_by)
+                    ):
+                        return
+                    if stop is not None and stop.is_set():
+                        return
+                    job = self._next_locked()
+                    if job is not None:
+                        break
+                    if self._waiting is not None and now >= self._waiting.next_poll:
+                        break
+                    due = [t for t in (self._retry_at, finish_by) if t is not None]
+                    if self._waiting is not None:
+                        due.append(self._waiting.next_poll)
+                    wait = min(due) - now if due else None
+                    self._cond.wait(max(0.01, wait) if wait is not None else 1.0)
+            try:
+                if job is not None:
+                    self._round(*job)
+                else:
+                    self.poll_waiting()
+            except Exception:  # a bug must not end the uploads: say so, retry with backoff
+                log.exception("%s: persisting failed unexpectedly", self.node)
+                with self._cond:
+                    self._running = None
+                    target = job[0] if job else (self._waiting.req if self._waiting else None)
+                    self._waiting = None
+                if target is not None:
+                    self._end_global(target, None, "retry")
+
+    def _next_locked(self) -> tuple[Request, bool, bool] | None:
+        """(request, node tiers, global tiers) of the next round, or None."""
+        node, glob = self._node_ready_locked(), self._global_ready_locked()
+        want, dwant = self._want, self._dwant
+        if node and glob and want is not None and dwant is not None and want.step == dwant.step:
+            return dwant, True, True
+        if glob and dwant is not None:  # other nodes may be waiting for this part
+            return dwant, False, True
+        if node and want is not None:
+            return want, True, False
+        return None
+
+    def round(self, req: Request) -> str:
+        """Offer ``req`` and run one round for it (tests): node tiers, and global tiers if
+        ``req.durable``. Returns the global outcome: "done", "waiting" (this node's part is
+        in, others' are not yet), "retry" or "gone" (the step left memory); "done" without
+        global tiers."""
+        self.offer(req)
+        return self._round(req, True, req.durable)
+
+    def _tiers_for(self, cfg: TierConfig) -> list[Tier]:
+        if cfg != self._config:
+            self._tiers = build_tiers(cfg)
+            self._config = cfg
+            for t in self._tiers[1:]:
+                self._committed.setdefault(t.name, None)
+        self.meter.bandwidth_bps = cfg.bandwidth_bps
+        return self._tiers
+
+    def _report(self, req: Request, event: str, tier: str, **data: Any) -> None:
+        self._emit(
+            {
+                "event": event,
+                "tier": tier,
+                "step": req.step,
+                "job_id": req.job_id,
+                "attempt_id": req.attempt_id,
+                **data,
+            }
+        )
+
+    def _stage(self, src: Path, step: int, names: list[str]) -> Path:
+        """Hard-link ``names`` of ``src`` into the staging dir (so the worker's retention
+        cannot pull them away mid-copy); ``src`` itself where links are impossible.
+        Raises FileNotFoundError when the step has left the primary tier."""
+        if self.staging is None:
+            return src
+        for old in self.staging.glob("step-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        dst = self.staging / step_name(step)
+        dst.mkdir(parents=True, exist_ok=True)
+        try:
+            for name in names:
+                os.link(src / name, dst / name)
+        except OSError as exc:
+            shutil.rmtree(dst, ignore_errors=True)
+            if exc.errno == errno.ENOENT:
+                raise
+            log.info("cannot hard-link %s (%s); copying from it in place", src, exc)
+            return src
+        return dst
+
+    def _round(self, req: Request, node: bool, glob: bool) -> str:
+        step = req.step
+        with self._cond:
+            self._running = "both" if node and glob else "global" if glob else "node"
+            if node:
+                self._node_tried = _max(self._node_tried, step)
+            if glob:
+                self._global_tried = step
+                if self._waiting is not None and self._waiting.req.step <= step:
+                    self._waiting = None
+        try:
+            return self._copy_round(req, node, glob)
+        finally:
+            with self._cond:
+                self._running = None
+                self._cond.notify_all()
+            self.emit_status()
+
+    def _copy_round(self, req: Request, node: bool, glob: bool) -> str:
+        step = req.step
+        try:
+            tiers = self._tiers_for(req.config)
+        except CheckpointError as exc:
+            with self._cond:
+                self._errors["config"] = str(exc)
+            self._report(req, "failed", "config", reason=str(exc))
+            self._end_node(req, node)
+            return self._end_global(req, None, "done" if glob else "")
+        primary, copies = tiers[0], tiers[1:]
+        assert isinstance(primary, FsTier), "the primary tier is a local FsTier"
+        src = Path(primary.step_dir(step))
+        todo = [t for t in copies if (t.node_scoped and node) or (not t.node_scoped and glob)]
+        try:
+            m = Manifest.from_json((src / MANIFEST).read_bytes())
+            staged = self._stage(src, step, [*(f.name for f in m.files_of(self.node)), MANIFEST])
+        except (OSError, ManifestError) as exc:
+            self._gone(req, todo, f"step {step} is not in {primary.name}: {exc}")
+            self._end_node(req, node)
+            return self._end_global(req, None, "gone" if glob else "")
+        outcome = "done"
+        for tier in todo:
+            with self._cond:
+                done = self._committed.get(tier.name)
+            if (done is not None and done >= step) or self._skipped.get(tier.name) == step:
+                continue
+            result = self._copy(req, m, staged, tier)
+            if result == "retry":
+                outcome = "retry"
+            elif result == "waiting" and outcome == "done":
+                outcome = "waiting"
+        if outcome != "retry" and staged != src:
+            shutil.rmtree(staged, ignore_errors=True)
+        self._end_node(req, node)
+        return self._end_global(req, m, outcome if glob else "")
+
+    def _copy(self, req: Request, m: Manifest, src: Path, tier: Tier) -> str:
+        """Copy this node's part of ``m`` into ``tier`` and commit what can be committed:
+        "done", "waiting" (a global tier lacks other nodes' parts), "retry" or "skipped"."""
+        step, node = req.step, self.node
+        names = [f.name for f in m.files_of(node)] if tier.node_scoped else global_names(m, node)
+        sizes = {f.name: f.size for f in m.files}
+        total = sum(sizes[n] for n in names)
+        t0 = time.monotonic()
+        wrote = False
+        try:
+            if tier.node_scoped:
+                self.meter.start(step, tier.name, total)
+                tier.put(step, src, names, self.meter)
+                tier.commit(step, m)
+                done = True
+            else:
+                assert isinstance(tier, FsTier), "a global tier is an FsTier (it holds markers)"
+                done = is_committed(tier, m)
+                if not done:
+                    self.meter.start(step, tier.name, total)
+                    tier.put(step, src, names, self.meter)
+                    write_part(tier, m, node)
+                    done = wrote = try_commit(tier, m)
+        except Exception as exc:  # any store error: OSError, botocore's, fsspec's
+            why = f"{type(exc).__name__}: {exc}"
+            log.warning("%s: step %d not committed to %s: %s", node, step, tier.name, why)
+            with self._cond:
+                self._errors[tier.name] = f"step {step}: {why}"
+            if not tier.retry:
+                self._skipped[tier.name] = step
+                try:
+                    tier.discard(step)
+                except Exception as dexc:  # the store may be unreachable: a prune cleans up
+                    log.info("discard %s step %d: %s", tier.name, step, dexc)
+            self._report(req, "failed", tier.name, reason=why[:2000], bytes=total)
+            self.emit_status()
+            return "retry" if tier.retry else "skipped"
+        finally:
+            self.meter.step = self.meter.tier = None
+        if not done:
+            with self._cond:
+                self._errors.pop(tier.name, None)
+            return "waiting"
+        nbytes = total if tier.node_scoped else m.total_bytes()  # global: the whole checkpoint
+        self._committed_now(req, m, tier, nbytes, time.monotonic() - t0, wrote)
+        return "done"
+
+    def _committed_now(
+        self, req: Request, m: Manifest, tier: Tier, nbytes: int, seconds: float, wrote: bool
+    ) -> None:
+        with self._cond:
+            prev = self._committed.get(tier.name)
+            self._committed[tier.name] = max(req.step, prev if prev is not None else req.step)
+            self._errors.pop(tier.name, None)
+        self._report(
+            req,
+            "committed",
+            tier.name,
+            bytes=nbytes,
+            seconds=seconds,
+            since_save_s=max(0.0, time.time() - m.created),
+            wrote_manifest=wrote,
+        )
+        try:
+            tier.prune(tier.keep, {req.step})
+        except Exception as exc:
+            log.warning("pruning %s: %s", tier.name, exc)
+        self.emit_status()
+
+    def _gone(self, req: Request, tiers: list[Tier], why: str) -> None:
+        with self._cond:
+            newer = self._want is not None and self._want.step > req.step
+        if newer:
+            return  # a newer step covers it
+        log.warning("%s: %s", self.node, why)
+        for tier in tiers:
+            with self._cond:
+                done = self._committed.get(tier.name)
+                missed = done is None or done < req.step
+                if missed:
+                    self._errors[tier.name] = why
+            if missed:
+                self._report(req, "failed", tier.name, reason=why)
+
+    def _end_node(self, req: Request, node: bool) -> None:
+        if node:
+            with self._cond:
+                self._node_done = _max(self._node_done, req.step)
+
+    def _end_global(self, req: Request, m: Manifest | None, outcome: str) -> str:
+        """Book the global tiers' outcome of a round ("" when it had none)."""
+        with self._cond:
+            if outcome == "retry":
+                self._failures += 1
+                backoff = min(self.retry_max_s, req.retry_base_s * 2 ** (self._failures - 1))
+                self._retry_at = time.monotonic() + backoff
+            elif outcome:
+                self._failures = 0
+                self._retry_at = None
+                if outcome == "waiting" and m is not None:
+                    first = self.poll_s[0]
+                    self._waiting = _Waiting(req, m, time.monotonic() + first, first)
+                elif outcome in ("done", "gone"):
+                    # gone: the step left memory; nothing newer is flagged yet, so the next
+                    # step every node flags takes over
+                    self._global_done = _max(self._global_done, req.step)
+            self._cond.notify_all()
+        return outcome or "done"
+
+    def poll_waiting(self) -> bool:
+        """Check the global tiers for the commit of the step waiting for other nodes' parts
+        (and commit it, if every part is in). True once it is committed everywhere."""
+        with self._cond:
+            w = self._waiting
+        if w is None:
+            return False
+        committed = True
+        for tier in self._tiers[1:]:
+            if tier.node_scoped or not isinstance(tier, FsTier):
+                continue
+            with self._cond:
+                done = self._committed.get(tier.name)
+            if done is not None and done >= w.req.step:
+                continue
+            try:
+                ok = try_commit(tier, w.manifest)
+            except Exception as exc:
+                log.info("polling %s for step %d: %s", tier.name, w.req.step, exc)
+                ok = False
+            if ok:
+                self._committed_now(w.req, w.manifest, tier, w.manifest.total_bytes(), 0.0, False)
+            committed = committed and ok
+        with self._cond:
+            if self._waiting is not w:
+                return committed
+            if committed:
+                self._waiting = None
+                self._global_done = _max(self._global_done, w.req.step)
+            else:
+                w.interval = min(self.poll_s[1], w.interval * 2)
+                w.next_poll = time.monotonic() + w.interval
+            self._cond.notify_all()
+        if committed:
+            self.emit_status()
+        return committed
+
+
+# -- the process ----------------------------------------------------------------------------
+class _Out:
+    """JSON lines on stdout; a gone reader (the agent died) is ignored."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.broken = False
+
+    def __call__(self, msg: dict[str, Any]) -> None:
+        line = json.dumps(msg, separators=(",", ":"), default=str) + "\n"
+        with self._lock:
+            if self.broken:
+                return
+            try:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                self.broken = True
+
+
+def lower_priority(nice: int) -> None:
+    """Raise this process's niceness by ``nice``, and its session's autogroup's to match.
+
+    With autogroups (Linux's default for desktops and many servers) the scheduler first
+    shares the CPU between sessions, and nice only ranks the tasks of one session: a
+    persister in a session of its own (it must be, to outlive the workers' teardown) would
+    otherwise get as much CPU as the whole training process, whatever its nice value.
+    """
+    os.nice(nice)
+    try:
+        Path("/proc/self/autogroup").write_text(f"{min(19, max(-20, nice))}\n")
+    except OSError:
+        pass  # no autogroups here (or a kernel without them): plain nice is what counts
+
+
+def _read_requests(p: Persister, stream: Any) -> None:
+    for line in stream:
+        try:
+            msg = json.loads(line)
+            if isinstance(msg, dict) and msg.get("op") == "finish":
+                break
+            p.offer(Request.from_dict(msg))
+        except (ValueError, TypeError) as exc:
+            log.warning("ignored a malformed request: %s", exc)
+    p.finish()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="trainpod-persist")
+    ap.add_argument("--job-key", required=True)
+    ap.add_argument("--node", required=True)
+    ap.add_argument("--staging", type=Path, required=True, help="hard-link area (same fs)")
+    ap.add_argument("--finish-timeout-s", type=float, default=60.0)
+    ap.add_argument("--nice", type=int, default=DEFAULT_NICE, help="CPU niceness increment")
+    args = ap.parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("TRAINPOD_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s %(levelname)s [persist {args.job_key}/{args.node}] %(message)s",
+    )
+    if args.nice:
+        lower_priority(args.nice)
+    args.staging.mkdir(parents=True, exist_ok=True)
+    out = _Out()
+    p = Persister(args.node, out, staging=args.staging)
+    reader = threading.Thread(target=_read_requests, args=(p, sys.stdin), daemon=True)
+    reader.start()
+    # One persister per job and node: a successor (after an agent restart) waits here for
+    # its predecessor to finish, so two never write the same part at once.
+    with (args.staging.parent / f".persist-{args.node}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out({"event": "started", "pid": os.getpid()})
+        p.run(finish_timeout_s=args.finish_timeout_s)
+    shutil.rmtree(args.staging, ignore_errors=True)
+    out({"event": "exited", "status": p.status()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Checkpoint reports from agents become events, once each; where uploads stand.
+
+Agents deliver :class:`~trainpod.api.models.CheckpointReport` at least once, so a report may
+come twice (a reply lost, a controller restart): each event is keyed and written once.
+
+* ``checkpoint_saved``: a step committed in the memory tier (the save's stall is the longest
+  of any rank's), once per job and step;
+* ``checkpoint_committed``: once per job, step and tier for tiers that hold the whole
+  checkpoint (durable), else once per node too (scratch, peer);
+* ``checkpoint_failed``: once per job, step, tier and node.
+
+Everything here runs under the controller's lock, inside its store transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainpod.api.models import CheckpointReport, CheckpointUpload, Heartbeat
+from trainpod.controller.states import JobState
+from trainpod.store.repo import Store
+
+_KINDS = ("checkpoint_saved", "checkpoint_committed", "checkpoint_failed")
+_LIVE = [s for s in JobState if not s.ended and s is not JobState.QUEUED]
+Key = tuple[str, str, str | None, int]  # (kind, tier, node or None, step)
+
+
+def _key(kind: str, tier: str, node: str | None, step: int) -> Key:
+    return (kind, tier, node, step)
+
+
+class CheckpointEvents:
+    def __init__(self) -> None:
+        self._seen: dict[int, set[Key]] = {}
+        self.uploads: dict[int, dict[str, CheckpointUpload]] = {}
+        """job id -> node -> the latest upload status its agent reported."""
+
+    def _seen_of(self, store: Store, job_id: int) -> set[Key]:
+        """The job's checkpoint events already written (read once per job and process)."""
+        seen = self._seen.get(job_id)
+        if seen is None:
+            seen = {
+                _key(e.kind, str(e.data.get("tier")), e.node, e.data["step"])
+                for e in store.events(job_id=job_id)
+                if e.kind in _KINDS and isinstance(e.data.get("step"), int)
+            }
+            self._seen[job_id] = seen
+        return seen
+
+    def record(self, store: Store, hb: Heartbeat, now: float) -> None:
+        for rep in hb.checkpoints:
+            self._record(store, hb.node, rep, now)
+        for up in hb.checkpoint_uploads:
+            if store.job(up.job_id) is not None:
+                self.uploads.setdefault(up.job_id, {})[hb.node] = up
+
+    def _record(self, store: Store, node: str, rep: CheckpointReport, now: float) -> None:
+        job = store.job(rep.job_id)
+        if job is None:
+            return
+        attempts = store.attempts(job.id)
+        if not any(node in a.nodes for a in attempts):
+            return  # never trust a job id: this node never ran the job
+        number = next((a.number for a in attempts if a.id == rep.attempt_id), None)
+        # The node column says where the event happened: None for the job as a whole.
+        if rep.saved:
+            kind, where = "checkpoint_saved", None
+        elif rep.ok:
+            kind, where = "checkpoint_committed", None if rep.scope == "job" else node
+        else:
+            kind, where = "checkpoint_failed", node
+        key = _key(kind, rep.tier, where, rep.step)
+        seen = self._seen_of(store, job.id)
+        if key in seen:
+            return
+        seen.add(key)
+        data: dict[str, Any] = {"step": rep.step, "tier": rep.tier, "scope": rep.scope}
+        if rep.saved:
+            data.update(stall_s=rep.stall_s, bytes=rep.bytes, by=node)
+        elif rep.ok:
+            data.update(bytes=rep.bytes, seconds=rep.seconds, since_save_s=rep.since_save_s)
+            if rep.scope == "job":
+                data.update(by=node, wrote_manifest=rep.wrote_manifest)
+        else:
+            data.update(reason=rep.reason, bytes=rep.bytes)
+        store.add_event(
+            now,
+            kind,
+            node=where,
+            job_id=job.id,
+            attempt=number,
+            at=rep.at or None,
+            **data,
+        )
+
+    def progress(self, job_id: int) -> dict[str, Any]:
+        """The job's uploads by node, for its live progress (empty when none)."""
+        ups = self.uploads.get(job_id, {})
+        return {n: u.model_dump(exclude={"job_id"}) for n, u in sorted(ups.items())}
+
+    def forget(self, job_id: int) -> None:
+        self.uploads.pop(job_id, None)
+
+
+def active_jobs(store: Store, node: str) -> list[int]:
+    """Jobs that have not ended and have run (or run) on ``node``: their shared-memory
+    checkpoints must stay there (an in-job restart may come back to the node)."""
+    return sorted(
+        job_id
+        for job_id in store.job_ids(_LIVE)
+        if any(node in a.nodes for a in store.attempts(job_id))
+    )

@@ -1,0 +1,370 @@
+"""The agent's persister: the decentralised durable commit of two nodes' parts, the persister
+process's protocol, and the agent's hand-off hub (spawn, status, reports, clean-up)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainpod.agent.persisters import CheckpointHub
+from trainpod.ckpt.handoff import AgentLink, TierConfig
+from trainpod.ckpt.manifest import METADATA, FileEntry, Manifest
+from trainpod.ckpt.persist import Persister, Request, part_path
+from trainpod.ckpt.tiers import FsTier, step_name
+from trainpod.testing.wait import wait_until
+
+STEP = 5
+NODES = ("n0", "n1")
+
+
+def _entry(name: str, data: bytes, rank: int | None, node: str) -> FileEntry:
+    return FileEntry(name, len(data), hashlib.sha256(data).hexdigest(), rank, node)
+
+
+def make_memory(
+    root: Path, step: int = STEP, nodes: tuple[str, ...] = NODES, created: float = 1234.5
+) -> Manifest:
+    """Each node's memory tier holds its rank's file, .metadata and the same manifest."""
+    data = {n: f"shard of {n} at {step} ".encode() * 100 for n in nodes}
+    meta = f"metadata {step}".encode()
+    files = [_entry(f"__{r}_0.distcp", data[n], r, n) for r, n in enumerate(nodes)]
+    files.append(_entry(METADATA, meta, None, nodes[0]))
+    m = Manifest(step, len(nodes), nodes, tuple(files), "job-x", 1, created=created)
+    for r, n in enumerate(nodes):
+        d = root / n / step_name(step)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"__{r}_0.distcp").write_bytes(data[n])
+        (d / METADATA).write_bytes(meta)
+        (d / "manifest.json").write_bytes(m.to_json())
+    return m
+
+
+def request(root: Path, node: str, step: int = STEP, **cfg: Any) -> Request:
+    config = TierConfig(
+        node=node, memory=str(root / "mem" / node), durable=str(root / "durable"), **cfg
+    )
+    return Request(step=step, config=config, job_id=7, attempt_id=3, retry_base_s=0.01)
+
+
+def persister(root: Path, node: str, events: list[dict[str, Any]]) -> Persister:
+    return Persister(node, events.append, staging=root / "staging" / node, poll_s=(0.01, 0.02))
+
+
+def durable_manifest(root: Path, step: int = STEP) -> Path:
+    return root / "durable" / step_name(step) / "manifest.json"
+
+
+@pytest.mark.parametrize("order", [NODES, tuple(reversed(NODES))])
+def test_durable_commits_once_every_nodes_part_is_in_either_order(
+    tmp_path: Path, order: tuple[str, str]
+) -> None:
+    m = make_memory(tmp_path / "mem")
+    events: dict[str, list[dict[str, Any]]] = {n: [] for n in NODES}
+    p = {n: persister(tmp_path, n, events[n]) for n in NODES}
+    first, second = order
+    assert p[first].round(request(tmp_path, first)) == "waiting"
+    assert not durable_manifest(tmp_path).exists()  # one part is not a checkpoint
+    assert p[first].status()["done_through"] is None
+    assert p[second].round(request(tmp_path, second)) == "done"
+    # The manifest has the bytes of every node's memory manifest.
+    assert durable_manifest(tmp_path).read_bytes() == m.to_json()
+    assert (tmp_path / "durable" / "latest").read_text() == f"{STEP}\n"
+    assert p[first].poll_waiting() and p[first].status()["done_through"] == STEP
+    done = [e for e in events[second] if e["event"] == "committed"]
+    assert [(e["tier"], e["step"], e["wrote_manifest"]) for e in done] == [("durable", STEP, True)]
+    assert done[0]["job_id"] == 7 and done[0]["attempt_id"] == 3
+    # .metadata was written by one node only (the one the manifest names).
+    names = sorted(p.name for p in (tmp_path / "durable" / step_name(STEP)).iterdir())
+    assert names == sorted([".metadata", "__0_0.distcp", "__1_0.distcp", "manifest.json", "parts"])
+    assert not list((tmp_path / "staging").rglob("*.distcp"))  # hard links released
+
+
+def test_a_missing_part_means_no_manifest(tmp_path: Path) -> None:
+    make_memory(tmp_path / "mem")
+    p0 = persister(tmp_path, "n0", [])
+    assert p0.round(request(tmp_path, "n0")) == "waiting"
+    for _ in range(3):
+        assert not p0.poll_waiting()
+    assert not durable_manifest(tmp_path).exists()
+    assert p0.status()["waiting_step"] == STEP
+
+
+@pytest.mark.parametrize("marker", [b'{"format": "trainpod-ckpt-part/1", "no', b"", "foreign"])
+def test_a_torn_or_foreign_part_marker_is_not_a_part(tmp_path: Path, marker: Any) -> None:
+    make_memory(tmp_path / "mem")
+    durable = FsTier("durable", tmp_path / "durable")
+    path = Path(part_path(durable, STEP, "n1"))
+    path.parent.mkdir(parents=True)
+    if marker == "foreign":  # another attempt's checkpoint of the same step
+        body = {"format": "trainpod-ckpt-part/1", "node": "n1", "step": STEP, "manifest": "ab"}
+        marker = json.dumps(body).encode()
+    path.write_bytes(marker)
+    p0 = persister(tmp_path, "n0", [])
+    assert p0.round(request(tmp_path, "n0")) == "waiting"
+    assert not p0.poll_waiting() and not durable_manifest(tmp_path).exists()
+    # The real part arrives: committed.
+    assert persister(tmp_path, "n1", []).round(request(tmp_path, "n1")) == "done"
+    assert durable_manifest(tmp_path).exists()
+
+
+def test_a_waiting_node_commits_when_the_last_writer_died_before_the_manifest(
+    tmp_path: Path,
+) -> None:
+    m = make_memory(tmp_path / "mem")
+    p0 = persister(tmp_path, "n0", [])
+    assert p0.round(request(tmp_path, "n0")) == "waiting"
+    # n1 uploaded its part and its marker, then died before writing the manifest.
+    from trainpod.ckpt.persist import write_part
+    from trainpod.ckpt.tiers import Meter
+
+    durable = FsTier("durable", tmp_path / "durable")
+    durable.put(STEP, tmp_path / "mem" / "n1" / step_name(STEP), ["__1_0.distcp"], Meter())
+    write_part(durable, m, "n1")
+    assert p0.poll_waiting()
+    assert durable_manifest(tmp_path).read_bytes() == m.to_json()
+
+
+def test_node_tiers_commit_locally_and_keep_k(tmp_path: Path) -> None:
+    events: list[dict[str, Any]] = []
+    p0 = persister(tmp_path, "n0", events)
+    for step in (1, 2, 3):
+        make_memory(tmp_path / "mem", step=step, nodes=("n0",))
+        req = request(tmp_path, "n0", step, scratch=str(tmp_path / "scratch"), keep={"scratch": 2})
+        assert p0.round(req) == "done"
+    scratch = sorted(p.name for p in (tmp_path / "scratch").iterdir() if p.name.startswith("step"))
+    assert scratch == [step_name(2), step_name(3)]
+    assert p0.status()["committed"] == {"scratch": 3, "durable": 3}
+    assert [e["tier"] for e in events if e["event"] == "committed"] == ["scratch", "durable"] * 3
+
+
+def test_an_unreachable_durable_store_is_retried_and_a_full_scratch_skipped(
+    tmp_path: Path,
+) -> None:
+    make_memory(tmp_path / "mem", nodes=("n0",))
+    (tmp_path / "durable").write_text("a file where a directory should be")
+    events: list[dict[str, Any]] = []
+    p0 = persister(tmp_path, "n0", events)
+    req = request(tmp_path, "n0", scratch="/proc/no-such-dir/scratch")
+    assert p0.round(req) == "retry"
+    st = p0.status()
+    assert set(st["errors"]) == {"scratch", "durable"} and st["retry_in_s"] is not None
+    assert {e["tier"] for e in events if e["event"] == "failed"} == {"scratch", "durable"}
+    (tmp_path / "durable").unlink()
+    assert p0.round(req) == "done"  # scratch is not tried again for this step
+    assert p0.status()["committed"] == {"scratch": None, "durable": STEP}
+
+
+def test_a_later_attempt_that_resumes_from_an_older_step_is_persisted_again(
+    tmp_path: Path,
+) -> None:
+    p0 = persister(tmp_path, "n0", [])
+    for step in (1, 2, 3):
+        make_memory(tmp_path / "mem", step=step, nodes=("n0",))
+        p0.offer(request(tmp_path, "n0", step))
+    p0.finish()
+    p0.run(finish_timeout_s=30)  # only the newest step is copied
+    assert p0.status()["done_through"] == 3 and not durable_manifest(tmp_path, 2).exists()
+    again = make_memory(tmp_path / "mem", step=2, nodes=("n0",), created=99.0)
+    p0.offer(dataclasses.replace(request(tmp_path, "n0", 2), attempt_id=4))
+    p0.run(finish_timeout_s=30)
+    assert durable_manifest(tmp_path, 2).read_bytes() == again.to_json()
+    assert p0.status()["done_through"] == 2
+
+
+def test_only_steps_flagged_by_the_workers_go_to_durable_until_the_job_ends(
+    tmp_path: Path,
+) -> None:
+    """Every node uploads the same steps: those the workers flagged together, and the newest
+    one when the job ends (each node's own "newest" could differ, and parts never meet)."""
+    import threading
+
+    p = {n: persister(tmp_path, n, []) for n in NODES}
+    threads = [threading.Thread(target=p[n].run, kwargs={"finish_timeout_s": 30}) for n in NODES]
+    for t in threads:
+        t.start()
+    try:
+        for step, durable in ((1, True), (2, False), (3, False)):
+            make_memory(tmp_path / "mem", step=step)
+            for n in NODES:
+                req = request(tmp_path, n, step, scratch=str(tmp_path / "scratch" / n))
+                p[n].offer(dataclasses.replace(req, durable=durable))
+            wait_until(
+                lambda s=step: all(p[n].status()["committed"].get("scratch") == s for n in NODES),
+                timeout_s=30,
+                what=f"step {step} in scratch",
+            )
+        assert durable_manifest(tmp_path, 1).exists()
+        assert not durable_manifest(tmp_path, 3).exists()
+        st = p["n0"].status()
+        assert st["done_through"] == 1 and st["flagged"] == 1 and not st["global_busy"]
+    finally:
+        for n in NODES:
+            p[n].finish()  # the job ended: the newest step goes everywhere
+        for t in threads:
+            t.join(60)
+    assert durable_manifest(tmp_path, 3).exists() and not durable_manifest(tmp_path, 2).exists()
+    # The node whose part came last committed it; the other may have left before seeing it.
+    assert max(p[n].status()["done_through"] for n in NODES) == 3
+
+
+# -- the process and the hub ------------------------------------------------------------
+def _run_persister(tmp_path: Path, lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    stdin = "".join(json.dumps(x) + "\n" for x in lines)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainpod.ckpt.persist", "--job-key", "job-x", "--node", "n0",
+         "--staging", str(tmp_path / "mem" / ".persist-n0"), "--finish-timeout-s", "30"],
+        input=stdin, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_the_persister_process_finishes_the_newest_step_on_eof(tmp_path: Path) -> None:
+    for step in (1, 2):
+        make_memory(tmp_path / "mem", step=step, nodes=("n0",))
+    reqs = []
+    for step in (1, 2):
+        req = request(tmp_path, "n0", step)
+        reqs.append({"op": "persist", "step": step, "tiers": req.config.to_dict(), "job_id": 7})
+    out = _run_persister(tmp_path, reqs)
+    assert "started" in [o["event"] for o in out] and out[-1]["event"] == "exited"
+    assert out[-1]["status"]["done_through"] == 2
+    assert durable_manifest(tmp_path, 2).exists()
+    assert not (tmp_path / "mem" / ".persist-n0").exists()
+
+
+@pytest.fixture
+def shm_job() -> Iterator[str]:
+    key = f"job-t{uuid.uuid4().hex[:8]}"
+    yield key
+    shutil.rmtree(Path("/dev/shm/trainpod") / key, ignore_errors=True)
+
+
+def test_the_hub_persists_reports_and_cleans_up_when_the_job_ends(
+    tmp_path: Path, shm_job: str
+) -> None:
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm")
+    shm = Path("/dev/shm/trainpod") / shm_job
+    m = make_memory(shm, nodes=("n0",))
+    sock = Path(tempfile.mkdtemp(prefix="tph-", dir="/tmp")) / "c.sock"
+    hub = CheckpointHub(sock, log_dir=tmp_path / "logs", state_file=tmp_path / "state.json")
+    try:
+        link = AgentLink(str(sock))
+        assert link.status(shm_job, "n0") == {}
+        config = TierConfig(node="n0", memory=str(shm / "n0"), durable=str(tmp_path / "durable"))
+        msg = {"op": "persist", "job_key": shm_job, "node": "n0", "step": STEP, "job_id": 7,
+               "attempt_id": 3, "stall_s": 0.25, "bytes": m.total_bytes(),
+               "tiers": config.to_dict()}  # fmt: skip
+        assert link.request(msg) == {"ok": True}
+        assert link.request(msg) == {"ok": True}  # idempotent
+        wait_until(
+            lambda: (link.status(shm_job, "n0") or {}).get("done_through") == STEP,
+            timeout_s=30,
+            what="the persister to commit the step",
+        )
+        reports = hub.reports()
+        saved = [r for r in reports if r.saved]
+        assert len(saved) == 1 and saved[0].stall_s == 0.25 and saved[0].tier == "memory"
+        committed = [r for r in reports if r.ok and not r.saved]
+        assert [(r.tier, r.scope, r.step, r.job_id) for r in committed] == [
+            ("durable", "job", STEP, 7)
+        ]
+        hub.delivered(reports)
+        assert hub.reports() == []
+        assert hub.uploads()[0].committed == {"durable": STEP}
+        assert json.loads((tmp_path / "state.json").read_text()) == {"7": [str(shm / "n0")]}
+        hub.retain({8})  # job 7 ended
+        assert hub.wait_idle(30)
+        assert not shm.exists()
+        assert json.loads((tmp_path / "state.json").read_text()) == {}
+        refused = link.request(msg)  # a late hand-off of an ended job starts nothing
+        assert refused is not None and not refused["ok"]
+    finally:
+        hub.close()
+        shutil.rmtree(sock.parent, ignore_errors=True)
+
+
+def test_a_restarted_agent_cleans_up_after_the_jobs_its_predecessor_knew(
+    tmp_path: Path, shm_job: str
+) -> None:
+    shm = Path("/dev/shm/trainpod") / shm_job
+    make_memory(shm, nodes=("n0",))
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"7": [str(shm / "n0")], "9": ["/etc"]}))
+    sock = Path(tempfile.mkdtemp(prefix="tph-", dir="/tmp")) / "c.sock"
+    hub = CheckpointHub(sock, log_dir=tmp_path / "logs", state_file=state)
+    try:
+        hub.retain({9})
+        assert not shm.exists() and Path("/etc").is_dir()
+        assert json.loads(state.read_text()) == {"9": ["/etc"]}
+        hub.retain(set())
+        assert Path("/etc").is_dir()  # never removes anything outside a memory tier
+    finally:
+        hub.close()
+        shutil.rmtree(sock.parent, ignore_errors=True)
+    assert os.path.exists("/etc")
+
+
+# -- the worker's side: a Checkpointer that hands its copies to the agent ------------------
+@pytest.fixture
+def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[CheckpointHub]:
+    for var in [v for v in os.environ if v.startswith("TRAINPOD_")]:
+        monkeypatch.delenv(var)
+    sock = Path(tempfile.mkdtemp(prefix="tph-", dir="/tmp")) / "c.sock"
+    h = CheckpointHub(sock, log_dir=tmp_path / "logs", nice=0)
+    monkeypatch.setenv("TRAINPOD_CKPT_SOCKET", str(sock))
+    yield h
+    h.close()
+    shutil.rmtree(sock.parent, ignore_errors=True)
+
+
+def test_a_checkpointer_under_an_agent_only_writes_memory_and_reads_back_the_rest(
+    tmp_path: Path, hub: CheckpointHub
+) -> None:
+    import torch
+
+    from trainpod.ckpt import Checkpointer
+
+    def make(**kw: Any) -> Checkpointer:
+        return Checkpointer(
+            tmp_path / "durable", memory=tmp_path / "shm", scratch_dir=tmp_path / "scratch", **kw
+        )
+
+    with make(every=1, retry_base_s=0.05) as ck:
+        assert ck.agent is not None and ck._pipe.copies == []  # no copier in this process
+        for step in (1, 2):
+            ck.save(step, {"w": torch.full((64,), float(step))})
+        assert ck.wait(30)
+        p = ck.progress()
+        assert p.committed == {"memory": 2, "scratch": 2, "durable": 2} and p.errors == {}
+    assert (tmp_path / "durable" / step_name(2) / "manifest.json").exists()
+    with make(agent=False) as ck2:  # any process reads what the agent wrote
+        state = {"w": torch.zeros(64)}
+        shutil.rmtree(tmp_path / "shm")
+        assert ck2.load_latest(state) == 2 and ck2.last_load is not None
+        assert ck2.last_load.tier == "scratch" and float(state["w"][0]) == 2.0
+
+
+def test_without_an_answering_agent_the_copies_run_in_process(
+    tmp_path: Path, hub: CheckpointHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainpod.ckpt import Checkpointer
+    from trainpod.ckpt.errors import CheckpointConfigError
+
+    monkeypatch.setenv("TRAINPOD_CKPT_SOCKET", str(tmp_path / "nobody.sock"))
+    with Checkpointer(tmp_path / "durable", memory=tmp_path / "shm") as ck:
+        assert ck.agent is None and [t.name for t in ck._pipe.copies] == ["durable"]
+    with pytest.raises(CheckpointConfigError, match="does not answer"):
+        Checkpointer(tmp_path / "durable", memory=tmp_path / "shm", agent=True)
