@@ -12,15 +12,23 @@ The same file runs three ways, with no code changes:
 2. under torchrun -- ``torchrun --nproc-per-node 2 examples/gpt/train.py --steps 20``. RANK,
    LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are read by ``init_process_group``
    (``env://``).
-3. under trainpod -- as torchrun, plus ``TRAINPOD_CHECKPOINT_DIR`` (the default ``--ckpt-dir``),
-   ``TRAINPOD_JOB_ID`` and ``TRAINPOD_ATTEMPT`` (only logged).
+3. under trainpod -- as torchrun; checkpoint locations come from the environment
+   (``TRAINPOD_CHECKPOINT_DIR``, the default ``--ckpt-dir``, and node scratch), and
+   ``TRAINPOD_JOB_ID``/``TRAINPOD_ATTEMPT`` are logged.
 
-Batches are a pure function of (seed, step, rank), so a run resumed from a checkpoint sees the
-same data as an uninterrupted one. Rank 0 writes ``step-<8 digits>.pt`` atomically (temp file,
-fsync, ``os.replace``) and keeps the newest three. On start, rank 0 picks the newest complete
-checkpoint and broadcasts its step, and every rank loads that file (so with several nodes the
-directory must be shared). SIGTERM keeps its default behaviour (exit at once); a half-written
-temp file is named ``.step-*.pt.tmp`` and never matches ``step-*.pt``.
+Checkpoints go through ``trainpod.Checkpointer`` (trainpod must be installed, also for 1 and
+2): the model and the AdamW state (moments and step counts) as PyTorch Distributed
+Checkpoint shards, first into shared memory (``--ckpt-memory``), then in the background to
+node scratch, a peer node and the durable ``--ckpt-dir``, committed with a checksummed
+manifest. Every rank saves and loads (the calls are collective). On start, every rank loads
+the newest checkpoint that verifies, from the fastest tier that holds it, falling back to
+another tier or an older step (and says why); a torn or corrupt checkpoint is never loaded.
+
+Batches are a pure function of (seed, step, rank) and the learning rate a function of the
+step, so the step is all the data position there is: a run resumed from a checkpoint sees
+the same data as an uninterrupted one and ends with bitwise the same loss. SIGTERM keeps its
+default behaviour (exit at once); a checkpoint whose save was cut short has no manifest and
+is passed over.
 """
 
 from __future__ import annotations
@@ -31,9 +39,7 @@ import hashlib
 import json
 import math
 import os
-import re
 import sysconfig
-import tempfile
 import time
 from typing import Any
 
@@ -41,21 +47,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-try:  # optional: progress beacons for hang detection and goodput when run under trainpod
-    from trainpod import report
-except ImportError:  # standalone or under plain torchrun without trainpod installed
-
-    def report(step: int, **metrics: float | int | str | bool) -> None:
-        pass
-
+import trainpod
 
 CORPUS_CAP_BYTES = 4 * 1024 * 1024
 VAL_FRACTION = 0.1
 EVAL_BATCHES = 8
-KEEP_CHECKPOINTS = 3
-CKPT_RE = re.compile(r"^step-(\d{8})\.pt$")
+CLOSE_TIMEOUT_S = 300.0
+"""How long the end of the run waits for checkpoint copies still in flight."""
+MAX_REASONS_SHOWN = 8
 
 
 # ----------------------------------------------------------------------------- model
@@ -154,54 +156,99 @@ def get_batch(
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def list_checkpoints(ckpt_dir: str) -> list[tuple[int, str]]:
-    """(step, path) of complete checkpoints, oldest first."""
-    if not os.path.isdir(ckpt_dir):
-        return []
-    found = [(m, n) for n in os.listdir(ckpt_dir) if (m := CKPT_RE.match(n))]
-    return sorted((int(m.group(1)), os.path.join(ckpt_dir, n)) for m, n in found)
+class TrainState:
+    """Model and optimizer as one ``Stateful`` for ``trainpod.Checkpointer``.
+
+    DCP's ``get_state_dict`` keys the optimizer state by parameter name (so it reshards and
+    survives a different world size) and, for an optimizer that has not stepped yet, creates
+    its state with a zero-lr step so that a load has tensors to fill in place. The
+    parameters are untouched by that, but the optimizer is not fresh any more: a run that
+    loads nothing must rebuild it (see ``main``).
+    """
+
+    def __init__(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        self.model, self.opt = model, opt
+
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.opt)
+        return {"model": model_sd, "optimizer": optim_sd}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            self.opt,
+            model_state_dict=sd["model"],
+            optim_state_dict=sd["optimizer"],
+        )
 
 
-def save_checkpoint(ckpt_dir: str, step: int, state: dict[str, Any]) -> str:
-    """Write atomically (temp file in the same dir, fsync, rename) and keep the newest few."""
-    os.makedirs(ckpt_dir, exist_ok=True)
-    path = os.path.join(ckpt_dir, f"step-{step:08d}.pt")
-    fd, tmp = tempfile.mkstemp(prefix=".step-", suffix=".pt.tmp", dir=ckpt_dir)
+def ckpt_every(value: str) -> int | str:
+    """``--ckpt-every``: a number of steps (0: no saves) or ``auto``."""
+    if value == "auto":
+        return value
     try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(ckpt_dir, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    for _, old in list_checkpoints(ckpt_dir)[:-KEEP_CHECKPOINTS]:
-        os.unlink(old)
-    return path
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"got {value!r}; give a number of steps or 'auto'"
+        ) from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"got {n}; give 0 (no saves), N > 0 or 'auto'")
+    return n
 
 
-def load_latest(ckpt_dir: str, device: torch.device, distributed: bool) -> dict[str, Any] | None:
-    """Load the newest checkpoint, or None; rank 0 picks the step so that all ranks agree."""
-    ckpts = list_checkpoints(ckpt_dir)
-    step = torch.tensor([ckpts[-1][0] if ckpts else -1], dtype=torch.int64, device=device)
+def memory_tier(value: str) -> bool | str:
+    """``--ckpt-memory``: ``on`` (/dev/shm), ``off`` or a directory."""
+    return {"on": True, "off": False}.get(value, value)
+
+
+def describe_tiers(ckpt: trainpod.Checkpointer) -> str:
+    return ", ".join(f"{t.name} {getattr(t, 'root', '')}".strip() for t in ckpt.tiers)
+
+
+def describe_load(ckpt: trainpod.Checkpointer, start: int, distributed: bool) -> list[str]:
+    """The resume line (step, tier per rank, seconds) and one line per fallback reason.
+
+    Collective when ``distributed``: every rank's tier is gathered (they differ when a rank
+    moved to another node and reads a peer or durable copy).
+    """
+    res = ckpt.last_load
+    assert res is not None
+    tiers = [res.tier or "?"]
     if distributed:
-        dist.broadcast(step, src=0)
-    if step.item() < 0:
-        return None
-    path = os.path.join(ckpt_dir, f"step-{step.item():08d}.pt")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"rank 0 resumes from {path}, missing here: is {ckpt_dir} shared?")
-    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
-    state["path"] = path
-    return state
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, res.tier or "?")
+        tiers = [str(t) for t in gathered]
+    if len(set(tiers)) == 1:
+        where = f"tier {tiers[0]},"
+    else:  # "memory+peer": this rank read some files from each
+        where = "tiers " + ", ".join(f"rank {r} {t}" for r, t in enumerate(tiers)) + ";"
+    lines = [
+        f"resuming from step {res.step} ({where} {res.seconds:.2f} s); continuing at step {start}"
+    ]
+    return lines + describe_reasons(res.reasons)
+
+
+def describe_reasons(reasons: tuple[str, ...]) -> list[str]:
+    lines = [f"  fell back: {why}" for why in reasons[:MAX_REASONS_SHOWN]]
+    if len(reasons) > MAX_REASONS_SHOWN:
+        lines.append(f"  ... and {len(reasons) - MAX_REASONS_SHOWN} more reasons")
+    return lines
+
+
+def write_summary(ckpt_dir: str, summary: dict[str, Any]) -> None:
+    """``summary.json`` next to the checkpoints (a local directory or an fsspec URL)."""
+    body = json.dumps(summary, indent=2)
+    if "://" in ckpt_dir and not ckpt_dir.startswith("file://"):
+        import fsspec  # a trainpod dependency
+
+        with fsspec.open(f"{ckpt_dir.rstrip('/')}/summary.json", "w") as fh:
+            fh.write(body)
+        return
+    local = ckpt_dir.removeprefix("file://")
+    os.makedirs(local, exist_ok=True)
+    with open(os.path.join(local, "summary.json"), "w") as fh:
+        fh.write(body)
 
 
 # ----------------------------------------------------------------------------- training
@@ -216,11 +263,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-embd", type=int, default=128)
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-3, help="peak lr (short warmup + cosine)")
-    p.add_argument("--ckpt-every", type=int, default=50, help="0 disables checkpoints")
+    p.add_argument(
+        "--ckpt-every",
+        type=ckpt_every,
+        default=50,
+        help="save every N steps and after the last; 0: never save (a checkpoint is still "
+        "resumed from); auto: Young/Daly interval from the measured save stall and the MTBF "
+        "($TRAINPOD_MTBF_S, default 4 h)",
+    )
     p.add_argument(
         "--ckpt-dir",
-        default=os.environ.get("TRAINPOD_CHECKPOINT_DIR") or "./checkpoints/gpt",
-        help="default: $TRAINPOD_CHECKPOINT_DIR, else ./checkpoints/gpt",
+        default=os.environ.get("TRAINPOD_CHECKPOINT_DIR")
+        or os.environ.get("TRAINPOD_CHECKPOINT_URI")
+        or "./checkpoints/gpt",
+        help="durable checkpoint store, a directory or fsspec URL (s3://...); default: "
+        "$TRAINPOD_CHECKPOINT_DIR, else $TRAINPOD_CHECKPOINT_URI, else ./checkpoints/gpt",
+    )
+    p.add_argument(
+        "--ckpt-memory",
+        type=memory_tier,
+        default="on",
+        help="shared-memory tier: on (/dev/shm/trainpod), off, or a directory to use instead",
+    )
+    p.add_argument(
+        "--ckpt-scratch-dir",
+        default=None,
+        help="node-local scratch tier root; default: $TRAINPOD_JOB_SCRATCH_DIR (under "
+        "trainpod), else none",
     )
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--seed", type=int, default=1337)
@@ -260,6 +329,20 @@ def evaluate(model: nn.Module, val: Tensor, args: argparse.Namespace, rank: int,
     return sum(losses) / len(losses)
 
 
+def build(
+    args: argparse.Namespace, device: torch.device
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The model, initialised from ``--seed`` (identical on every rank), and its AdamW."""
+    torch.manual_seed(args.seed)
+    model = GPT(args.n_layer, args.n_embd, args.n_head, args.seq_len).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return model, torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     distributed = "WORLD_SIZE" in os.environ
@@ -292,25 +375,40 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     train_data, val_data = load_corpus()
-    torch.manual_seed(args.seed)  # identical init on every rank (DDP also broadcasts it)
-    model = GPT(args.n_layer, args.n_embd, args.n_head, args.seq_len).to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
-    n_params = sum(p.numel() for p in params)
+    model, opt = build(args, device)
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log(f"model: {n_params / 1e6:.2f}M params, corpus {len(train_data) + len(val_data)} bytes")
 
-    start, loss_val = 1, float("nan")
-    ckpt = load_latest(args.ckpt_dir, device, distributed)
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        start, loss_val = ckpt["step"] + 1, float(ckpt.get("loss", float("nan")))
-        log(f"resuming from {ckpt['path']} (step {ckpt['step']}); continuing at step {start}")
-    del ckpt
+    # Every rank, same point, same order: the Checkpointer's calls are collective.
+    auto = args.ckpt_every == "auto"
+    ckpt = trainpod.Checkpointer(
+        args.ckpt_dir,
+        every=None if auto or not args.ckpt_every else int(args.ckpt_every),
+        interval="auto" if auto else None,
+        memory=args.ckpt_memory,
+        scratch_dir=args.ckpt_scratch_dir,
+    )
+    every = "an automatic interval" if auto else f"every {args.ckpt_every} steps"
+    log(f"checkpoints: {every if args.ckpt_every else 'not saved'}; tiers {describe_tiers(ckpt)}")
+    state: dict[str, Any] = {"train": TrainState(model, opt), "loss": float("nan")}
+    loaded = ckpt.load_latest(state)
+    if loaded is None:
+        assert ckpt.last_load is not None
+        reasons = ckpt.last_load.reasons
+        if reasons:
+            log("no checkpoint could be loaded; starting from scratch")
+            for line in describe_reasons(reasons):
+                log(line)
+        if reasons or opt.state:
+            # A candidate was planned (which primes the optimizer, see TrainState) or even
+            # partly read: start from a fresh model and optimizer, as an uninterrupted run.
+            model, opt = build(args, device)
+            state["train"] = TrainState(model, opt)
+        start, loss_val = 1, float("nan")
+    else:
+        start, loss_val = loaded + 1, float(state["loss"])
+        for line in describe_load(ckpt, start, distributed):
+            log(line)
     ddp: nn.Module = (
         DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
         if distributed
@@ -320,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     tokens_per_step = args.batch_size * args.seq_len * world
     t_start = t_log = time.perf_counter()
     steps_done = steps_since_log = 0
+    saved = start - 1  # the newest checkpoint's step (0: none)
     for step in range(start, args.steps + 1):
         x, y = get_batch(
             train_data,
@@ -336,9 +435,15 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         steps_done += 1
         steps_since_log += 1
-        report(step, tokens=args.batch_size * args.seq_len)  # a datagram; never blocks
+        trainpod.report(step, tokens=args.batch_size * args.seq_len)  # a datagram; never blocks
         last = step == args.steps
-        logged = last or step == start or bool(args.log_every and step % args.log_every == 0)
+        # Also the first step after a checkpoint: a run resumed from it logs that step first,
+        # so the two lines can be compared (`trainpod demo` does).
+        logged = (
+            last
+            or step in (start, saved + 1)
+            or bool(args.log_every and step % args.log_every == 0)
+        )
         if logged:
             loss_val = mean_over_ranks(loss.item(), device, distributed)
             now = time.perf_counter()
@@ -350,24 +455,29 @@ def main(argv: list[str] | None = None) -> int:
                 evaluate(model, val_data, args, rank, device), device, distributed
             )
             log(f"step {step}/{args.steps} val_loss {val:.4f}")
-        if rank == 0 and args.ckpt_every and (last or step % args.ckpt_every == 0):
-            state = {
-                "model": model.state_dict(),
-                "optimizer": opt.state_dict(),
-                "step": step,
-                "loss": loss_val if logged else loss.item(),
-                "args": vars(args),
-            }
-            t_save = time.perf_counter()
-            log(f"saved {save_checkpoint(args.ckpt_dir, step, state)}")
-            report(step, checkpoint_step=step, checkpoint_stall_s=time.perf_counter() - t_save)
+        due = ckpt.due(step)  # every step: it also times them for --ckpt-every auto
+        if args.ckpt_every and (due or last):
+            loss_now = loss_val if logged else mean_over_ranks(loss.item(), device, distributed)
+            state["loss"] = loss_now
+            ckpt.save(step, state)  # returns after the copy into staging memory
+            saved = step
+            nxt = f"; interval {ckpt.interval_steps} steps" if auto and ckpt.interval_steps else ""
+            log(f"checkpoint step {step}: snapshot in {ckpt.last_stall_s or 0.0:.3f} s{nxt}")
     elapsed = time.perf_counter() - t_start
     tok_s = steps_done * tokens_per_step / elapsed if steps_done else 0.0
 
     val_loss = mean_over_ranks(evaluate(model, val_data, args, rank, device), device, distributed)
+    complete = ckpt.close(CLOSE_TIMEOUT_S)  # the copies in flight; collective
+    progress = ckpt.progress()
+    if progress.committed and any(s is not None for s in progress.committed.values()):
+        tiers = ", ".join(f"{t} step {s}" for t, s in progress.committed.items())
+        log(f"checkpoints committed: {tiers}")
+    for tier, err in progress.errors.items():
+        log(f"checkpoint copy to {tier} failed: {err}")
+    if not complete:
+        log(f"checkpoint copies still in flight after {CLOSE_TIMEOUT_S:.0f} s were abandoned")
     final_step = max(args.steps, start - 1)
     if rank == 0:
-        os.makedirs(args.ckpt_dir, exist_ok=True)
         summary = {
             "final_step": final_step,
             "steps_this_run": steps_done,
@@ -377,8 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             "tokens_per_s": tok_s,
             "wall_s": elapsed,
         }
-        with open(os.path.join(args.ckpt_dir, "summary.json"), "w") as fh:
-            json.dump(summary, fh, indent=2)
+        write_summary(args.ckpt_dir, summary)
     log(f"done: steps={final_step} final_loss={loss_val:.4f} val_loss={val_loss:.4f}")
     if distributed:
         # Every rank leaves together: a rank that tears down Gloo while a peer is still

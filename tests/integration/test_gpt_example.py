@@ -1,4 +1,8 @@
-"""End-to-end runs of ``examples/gpt/train.py``: standalone, resumed, and under torchrun."""
+"""End-to-end runs of ``examples/gpt/train.py``: standalone, resumed, and under torchrun.
+
+The example checkpoints through ``trainpod.Checkpointer``; a resumed run must end with
+bitwise the loss of an uninterrupted one (model, optimizer and data position restored).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,11 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from trainpod.cli.demo import parse_resume
 
 pytestmark = pytest.mark.integration
 
@@ -46,9 +53,36 @@ def _run(args: list[str], timeout: float = 50) -> subprocess.CompletedProcess[st
     return proc
 
 
-def _train(ckpt_dir: Path, steps: int) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, str(SCRIPT), "--steps", str(steps), "--ckpt-every", "3"]
-    return _run([*cmd, *TINY, "--ckpt-dir", str(ckpt_dir)])
+def _train(ckpt_dir: Path, steps: int, every: str = "3") -> subprocess.CompletedProcess[str]:
+    """One standalone run. Its shared-memory tier is a directory next to ``ckpt_dir`` (so
+    that nothing is left in /dev/shm), the same for every run in that place."""
+    memory = ckpt_dir.parent / "shm"
+    cmd = [sys.executable, str(SCRIPT), "--steps", str(steps), "--ckpt-every", every]
+    cmd += ["--ckpt-dir", str(ckpt_dir), "--ckpt-memory", str(memory)]
+    return _run([*cmd, *TINY])
+
+
+def _resume_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("resum")]
+
+
+def _summary(ckpt_dir: Path) -> dict[str, Any]:
+    summary: dict[str, Any] = json.loads((ckpt_dir / "summary.json").read_text())
+    return summary
+
+
+def _committed(ckpt_dir: Path) -> list[int]:
+    """Steps with a committed (manifest-bearing) checkpoint in the durable dir."""
+    return sorted(int(p.parent.name[5:]) for p in ckpt_dir.glob("step-*/manifest.json"))
+
+
+def _crashed_copy(run: tuple[Path, str], dest: Path) -> Path:
+    """The durable dir the reference run would have left had it died during step 9:
+    the checkpoints of steps 3 and 6, not that of step 9 (nor its summary)."""
+    shutil.copytree(run[0], dest)
+    shutil.rmtree(dest / "step-0000000009")
+    (dest / "summary.json").unlink()
+    return dest
 
 
 def _free_port() -> int:
@@ -58,48 +92,95 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def six_step_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+def nine_step_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The reference: 9 uninterrupted steps, a checkpoint every 3."""
     ckpt_dir = tmp_path_factory.mktemp("gpt") / "ckpt"
-    return ckpt_dir, _train(ckpt_dir, 6).stdout
+    return ckpt_dir, _train(ckpt_dir, 9).stdout
 
 
-def test_standalone_run_writes_checkpoints(six_step_run: tuple[Path, str]) -> None:
-    ckpt_dir, out = six_step_run
-    assert not any(line.startswith("resum") for line in out.splitlines())
-    assert "step 6/6 loss" in out
-    assert "done: steps=6 " in out
+def test_standalone_run_writes_checkpoints(nine_step_run: tuple[Path, str]) -> None:
+    ckpt_dir, out = nine_step_run
+    assert not _resume_lines(out), out
+    assert "step 9/9 loss" in out
+    assert "done: steps=9 " in out
+    assert "checkpoints committed: memory step 9, durable step 9" in out, out
     names = sorted(p.name for p in ckpt_dir.iterdir())
-    assert names == ["step-00000003.pt", "step-00000006.pt", "summary.json"]
-    summary = json.loads((ckpt_dir / "summary.json").read_text())
-    assert summary["final_step"] == 6
+    assert names == [
+        "latest",
+        "step-0000000003",
+        "step-0000000006",
+        "step-0000000009",
+        "summary.json",
+    ]
+    assert _committed(ckpt_dir) == [3, 6, 9]
+    summary = _summary(ckpt_dir)
+    assert summary["final_step"] == 9
+    assert summary["steps_this_run"] == 9
     assert summary["world_size"] == 1
 
 
-def test_resume_continues_from_latest_checkpoint(
-    six_step_run: tuple[Path, str], tmp_path: Path
+def test_resume_after_a_crash_ends_bitwise_as_the_uninterrupted_run(
+    nine_step_run: tuple[Path, str], tmp_path: Path
 ) -> None:
-    ckpt_dir = tmp_path / "ckpt"
-    shutil.copytree(six_step_run[0], ckpt_dir)
+    ckpt_dir = _crashed_copy(nine_step_run, tmp_path / "ckpt")
     out = _train(ckpt_dir, 9).stdout
-    resume_lines = [line for line in out.splitlines() if line.startswith("resum")]
-    assert len(resume_lines) == 1 and "step 6" in resume_lines[0], out
+    (resume,) = _resume_lines(out)
+    assert resume.startswith("resuming from step 6 (tier durable, "), out
+    assert "fell back" not in out
+    said = parse_resume(out.splitlines())  # what `trainpod demo` narrates from this log
+    assert said is not None and (said.step, said.tiers, said.fell_back) == (6, ["durable"], [])
     assert "step 7/9 loss" in out
     assert "step 6/9 loss" not in out
     assert "done: steps=9 " in out
-    summary = json.loads((ckpt_dir / "summary.json").read_text())
+    summary, reference = _summary(ckpt_dir), _summary(nine_step_run[0])
     assert summary["final_step"] == 9
     assert summary["steps_this_run"] == 3
-    assert (ckpt_dir / "step-00000009.pt").exists()
+    assert summary["final_loss"] == reference["final_loss"]  # bitwise, not approximately
+    assert summary["val_loss"] == reference["val_loss"]
+    assert _committed(ckpt_dir) == [3, 6, 9]
+
+    # Training on in the same place resumes from this node's shared-memory tier; the save
+    # interval (here automatic) is no part of the numerics, and the last step is saved.
+    out = _train(ckpt_dir, 12, every="auto").stdout
+    (resume,) = _resume_lines(out)
+    assert resume.startswith("resuming from step 9 (tier memory, "), out
+    assert "checkpoints: an automatic interval" in out
+    assert "step 10/12 loss" in out and "done: steps=12 " in out
+    assert _summary(ckpt_dir)["steps_this_run"] == 3
+    assert _committed(ckpt_dir)[-1] == 12
+
+
+def test_resume_falls_back_past_a_corrupt_checkpoint(
+    nine_step_run: tuple[Path, str], tmp_path: Path
+) -> None:
+    ckpt_dir = _crashed_copy(nine_step_run, tmp_path / "ckpt")
+    (shard,) = (ckpt_dir / "step-0000000006").glob("*.distcp")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped bit's worth of damage; same size
+    shard.write_bytes(bytes(data))
+    out = _train(ckpt_dir, 9).stdout
+    (resume,) = _resume_lines(out)
+    assert resume.startswith("resuming from step 3 (tier durable, "), out
+    reasons = [line for line in out.splitlines() if line.startswith("  fell back: ")]
+    assert any("step 6" in r and "sha256 mismatch" in r for r in reasons), out
+    said = parse_resume(out.splitlines())
+    assert said is not None and said.step == 3 and len(said.fell_back) == len(reasons)
+    assert "step 4/9 loss" in out and "done: steps=9 " in out
+    summary = _summary(ckpt_dir)
+    assert summary["steps_this_run"] == 6
+    assert summary["final_loss"] == _summary(nine_step_run[0])["final_loss"]
 
 
 def test_torchrun_two_processes(tmp_path: Path) -> None:
+    ckpt_dir = tmp_path / "ckpt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     cmd += ["--master-port", str(_free_port()), str(SCRIPT), "--steps", "4", *TINY]
-    out = _run([*cmd, "--ckpt-every", "2", "--ckpt-dir", str(tmp_path)]).stdout
+    cmd += ["--ckpt-every", "2", "--ckpt-dir", str(ckpt_dir)]
+    out = _run([*cmd, "--ckpt-memory", str(tmp_path / "shm")]).stdout
     assert "(world 2)" in out
     assert "done: steps=4 " in out
     assert out.count("done:") == 1  # only rank 0 prints
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = _summary(ckpt_dir)
     assert summary["world_size"] == 2
     assert summary["final_step"] == 4
-    assert (tmp_path / "step-00000004.pt").exists()
+    assert _committed(ckpt_dir) == [2, 4]

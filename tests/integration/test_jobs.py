@@ -149,7 +149,7 @@ def test_gpt_example_trains_and_resumes(cluster: Cluster) -> None:
     assert "done: steps=6" in cluster.client.logs(job.id, rank=0).data
     # a second job with the same checkpoint dir resumes from step 6
     ckpt = Path(cluster.record.checkpoint_uri.removeprefix("file://")) / f"job-{job.id}"
-    assert (ckpt / "step-00000006.pt").exists()
+    assert (ckpt / "step-0000000006" / "manifest.json").exists()
     again = cluster.submit(
         ["python", "train.py", "--steps", "9", "--ckpt-dir", str(ckpt), *tiny],
         nodes=2,

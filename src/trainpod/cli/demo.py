@@ -5,16 +5,25 @@ across two nodes with ``--auto-resume``, injects a GPU fault (XID 79 on the simu
 into one node halfway through, and lets the user watch trainpod detect it, quarantine the
 node, take the hot spare, resume from the checkpoint and finish; then shows where every
 second went (goodput) and what to look at next.
+
+The example checkpoints with ``trainpod.Checkpointer``; its rank 0 log says which step it
+resumed from and which tier each rank read (``resuming from step N (tier ...)``), and the
+narration explains that line. At the end, the losses of the steps both attempts ran are
+compared: a resumed run retraces the uninterrupted one exactly.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from rich.markup import escape
+
 import trainpod
-from trainpod.api.models import ChaosRequest, EventInfo
+from trainpod.api.models import ChaosRequest, EventInfo, JobInfo
 from trainpod.backends.base import backend_for
 from trainpod.cli.cluster import wait_for_nodes
 from trainpod.cli.context import set_current
@@ -28,16 +37,75 @@ from trainpod.spec.job import JobSpec
 from trainpod.spec.loading import load_cluster_spec
 from trainpod.telemetry.goodput import compute_goodput
 
+# Who speaks: "[...]" is markup to rich, so the brackets are escaped.
+_TRAINPOD = "[bold magenta]\\[trainpod][/]"
+_DEMO = "[bold magenta]\\[demo][/]"
+
 # Events worth a line of their own while the demo runs, and how to say them.
 _STORY = {
     "chaos_injected": "injected {fault} into {node}",
     "fault_detected": "detected {fault} on {nodes}: {reason}",
     "recovery_decision": "decision: {action}: {reason}",
     "attempt_created": "attempt {attempt} starts on {nodes}",
-    "first_beacon": "attempt {attempt}: first step ({step}) done",
+    "first_beacon": "attempt {attempt}: first progress beacon (step {step})",
     "deep_check_finished": "{node}: deep health check {status}: {reason}",
     "node_repaired": "{node} repaired and back in the pool",
 }
+
+
+# What the GPT example prints on resume (examples/gpt/train.py, describe_load), e.g.
+# "resuming from step 100 (tier memory, 0.03 s); continuing at step 101" or
+# "resuming from step 100 (tiers rank 0 memory+peer, rank 1 peer+durable; 0.54 s); ...".
+_RESUMED = re.compile(r"^resuming from step (?P<step>\d+) \((?P<where>.+)[,;] (?P<s>[\d.]+) s\)")
+_FELL_BACK = "  fell back: "
+_NOTHING_LOADED = "no checkpoint could be loaded"
+_STEP = re.compile(r"^step (?P<step>\d+)/\d+ loss (?P<loss>\S+)")
+_TIER_MEANS = {
+    "memory": "the node's shared memory (it outlives the killed worker)",
+    "scratch": "the node's local disk",
+    "peer": "the copy each node pushes to the next node's disk",
+    "durable": "the shared checkpoint store",
+}
+
+
+@dataclass
+class Resume:
+    """What an attempt's rank 0 log says about where it started."""
+
+    step: int | None
+    """The checkpoint step loaded; None when it started from scratch."""
+    tiers: list[str]
+    """The tier(s) each rank read, by rank ("memory+peer": some files from each)."""
+    seconds: float
+    fell_back: list[str]
+
+
+def parse_resume(lines: list[str]) -> Resume | None:
+    """Where a rank 0 log of the example says it started; None until that is complete (the
+    resume line and its fallback reasons, followed by another line)."""
+    for i, line in enumerate(lines):
+        m = _RESUMED.match(line)
+        if not (m or line.startswith(_NOTHING_LOADED) or _STEP.match(line)):
+            continue
+        start = i + 1 if m or not _STEP.match(line) else i
+        rest = lines[start:]
+        fell = [ln.removeprefix(_FELL_BACK) for ln in rest if ln.startswith(_FELL_BACK)]
+        if len(fell) == len(rest) and start != i:  # the reasons may go on
+            return None
+        if m is None:
+            return Resume(None, [], 0.0, fell)
+        where = m.group("where")
+        if where.startswith("tier "):
+            tiers = [where.removeprefix("tier ")]
+        else:  # "tiers rank 0 memory+peer, rank 1 peer+durable"
+            tiers = [part.split()[-1] for part in where.removeprefix("tiers ").split(", ")]
+        return Resume(int(m.group("step")), tiers, float(m.group("s")), fell)
+    return None
+
+
+def logged_losses(text: str) -> dict[int, str]:
+    """step -> loss as printed, from a rank 0 log of the example."""
+    return {int(m.group("step")): m.group("loss") for m in map(_STEP.match, text.splitlines()) if m}
 
 
 def examples_dir() -> Path:
@@ -82,13 +150,16 @@ def _say(e: EventInfo) -> str | None:
 
 
 class _Narrator(threading.Thread):
-    """Prints the recovery story from the event log, and injects the fault halfway."""
+    """Prints the recovery story from the event log and the training log, and injects the
+    fault halfway."""
 
     def __init__(self, client: TrainpodClient, job_id: int, steps: int, fault: str | None):
         super().__init__(daemon=True)
         self._client, self._job, self._steps, self._fault = client, job_id, steps, fault
         self.stop = threading.Event()
         self.injected = False
+        self._last_step: dict[int, int] = {}  # attempt -> last step every rank finished
+        self._logs: dict[int, tuple[int, str]] = {}  # restarted attempt -> (offset, text)
 
     def run(self) -> None:
         after = 0
@@ -99,9 +170,16 @@ class _Narrator(threading.Thread):
                     after = e.id
                     if e.job_id not in (None, self._job) and e.kind != "node_repaired":
                         continue
+                    if e.kind == "attempt_progress" and e.attempt is not None:
+                        last = e.data.get("last_step")
+                        if isinstance(last, int):
+                            self._last_step[e.attempt] = last
+                    if e.kind == "attempt_created" and (e.attempt or 0) > 1:
+                        self._logs[e.attempt or 0] = (0, "")
                     line = _say(e)
                     if line:
-                        console.print(f"[bold magenta][trainpod][/] {line}", highlight=False)
+                        _tell(line)
+                self._watch_resumes()
             except TrainpodError:
                 continue
 
@@ -115,10 +193,94 @@ class _Narrator(threading.Thread):
         victim = job.attempts[-1].nodes[-1]
         self.injected = True
         console.print(
-            f"\n[bold magenta][demo][/] halfway (step {step}): pulling the GPU out from under "
+            f"\n{_DEMO} halfway (step {step}): pulling the GPU out from under "
             f"{victim} with a simulated XID 79 ('fallen off the bus')\n"
         )
         self._client.chaos(ChaosRequest(node=victim, fault=self._fault))
+
+    def _watch_resumes(self) -> None:
+        """Read each restarted attempt's rank 0 log until it says where it resumed from."""
+        for attempt, (offset, text) in list(self._logs.items()):
+            chunk = self._client.logs(self._job, rank=0, attempt=attempt, offset=offset)
+            if chunk.attempt != attempt:  # its log does not exist yet
+                continue
+            text += chunk.data
+            self._logs[attempt] = (chunk.offset, text)
+            resume = parse_resume(text.split("\n")[:-1])  # whole lines only
+            if resume is None:
+                continue
+            del self._logs[attempt]
+            for line in self._resume_story(attempt, resume):
+                _tell(line)
+
+    def _resume_story(self, attempt: int, r: Resume) -> list[str]:
+        fell = (
+            f"; it fell back {len(r.fell_back)} time(s), first: {r.fell_back[0]}"
+            if r.fell_back
+            else ""
+        )
+        if r.step is None:
+            return [f"attempt {attempt} found no checkpoint it could load: starting over{fell}"]
+        job = self._client.job(self._job)
+        ranks = next((a.ranks for a in job.attempts if a.number == attempt), [])
+        node = {x.rank: x.node for x in ranks}
+        tiers = r.tiers if len(r.tiers) > 1 else [r.tiers[0]] * max(1, len(node))
+        who = ", ".join(f"rank {i} on {node.get(i, '?')} from {t}" for i, t in enumerate(tiers))
+        lines = [
+            f"attempt {attempt} resumed from the step-{r.step} checkpoint in {r.seconds:.2f} s: "
+            f"{who}{fell}"
+        ]
+        used = [t for t in _TIER_MEANS if any(t in x.split("+") for x in tiers)]
+        lines.append("  " + "; ".join(f"{t}: {_TIER_MEANS[t]}" for t in used))
+        before = self._last_step.get(attempt - 1)
+        if before is not None and before > r.step:
+            lines.append(
+                f"  steps {r.step + 1}-{before}, done by attempt {attempt - 1} after that "
+                "checkpoint, are done again"
+            )
+        return lines
+
+
+def _tell(line: str) -> None:
+    console.print(f"{_TRAINPOD} {escape(line)}", highlight=False)
+
+
+def _read_log(client: TrainpodClient, job_id: int, attempt: int) -> str:
+    text, offset = "", 0
+    while True:
+        chunk = client.logs(job_id, rank=0, attempt=attempt, offset=offset)
+        if not chunk.data or chunk.attempt != attempt:
+            return text
+        text, offset = text + chunk.data, chunk.offset
+
+
+def _same_numbers(client: TrainpodClient, job: JobInfo) -> None:
+    """Compare the losses logged for the steps that more than one attempt ran."""
+    if len(job.attempts) < 2:
+        return
+    runs = {a.number: logged_losses(_read_log(client, job.id, a.number)) for a in job.attempts}
+    final = runs[job.attempts[-1].number]
+    pairs = [
+        (step, loss, final[step])
+        for n, losses in runs.items()
+        if n != job.attempts[-1].number
+        for step, loss in sorted(losses.items())
+        if step in final
+    ]
+    if not pairs:
+        console.print(
+            f"{_DEMO} no step was logged by more than one attempt, so none to compare "
+            "(for an uninterrupted run's losses: trainpod demo --fault none)"
+        )
+        return
+    same = all(a == b for _, a, b in pairs)
+    shown = ", ".join(f"step {s} {a} then {b}" for s, a, b in pairs[:4])
+    verdict = (
+        "identical: the restored model, optimizer and data position retrace the uninterrupted run"
+        if same
+        else "DIFFERENT: the resume did not restore everything"
+    )
+    console.print(f"{_DEMO} steps run twice: {shown}: {verdict}", highlight=False)
 
 
 def run_demo(*, steps: int, delete_after: bool, fault: str | None = "xid79") -> None:
@@ -158,6 +320,7 @@ def run_demo(*, steps: int, delete_after: bool, fault: str | None = "xid79") -> 
         time.sleep(0.6)  # let the narrator print the last events
         narrator.stop.set()
         final = client.job(job.id)
+        _same_numbers(client, final)
         console.print()
         print_job(final)
         console.print()
