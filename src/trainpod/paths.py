@@ -105,6 +105,8 @@ class ClusterRecord(BaseModel):
     shared_dir: str
     scratch_root: str
     checkpoint_uri: str
+    env: dict[str, str] = {}
+    """Environment the cluster's processes need (Slurm: ``SLURM_CONF``)."""
 
     @property
     def url(self) -> str:

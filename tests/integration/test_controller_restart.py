@@ -40,6 +40,11 @@ def test_kill_9_controller_mid_job_then_restart(cluster: Cluster, tmp_path: Path
     assert done.state == "completed", done.reason
     assert [r.exit_code for r in done.attempts[0].ranks] == [0, 0, 0, 0]
     cluster.wait_idle()
+    # Idle nodes were idle in the store already: wait for every agent's next heartbeat.
+    wait_until(
+        lambda: [e.kind for e in cluster.client.events()].count("agent_reconnected") == 3,
+        what="all three agents to reconnect",
+    )
 
     after = cluster.client.events()
     assert [e.model_dump() for e in after[: len(before)]] == [e.model_dump() for e in before]

@@ -7,6 +7,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.integration.conftest import Cluster, pid_alive
@@ -95,7 +96,7 @@ def test_stop_and_start_keep_state_and_skip_finished_lifecycle(
     pids = [p.pid for p in c.backend.processes()]
     stopped = c.backend.stop()
     assert "controller" in stopped and "agent-workers-0" in stopped
-    assert not any(pid_alive(p) for p in pids if p)
+    assert not any(pid_alive(p) for p in pids if p), [(p, psutil.Process(p).cmdline()) for p in pids if p and pid_alive(p)]
     assert not any(p.alive for p in c.backend.processes())
     c.backend.start()
     c.wait_idle()

@@ -22,6 +22,7 @@ from trainpod.agent.chaos import ChaosExecutor
 from trainpod.agent.launcher import Launcher
 from trainpod.agent.lifecycle import LifecycleRunner
 from trainpod.agent.monitor import DeepChecker, HealthMonitor
+from trainpod.agent.persisters import CheckpointHub
 from trainpod.api.models import AttemptReport, Heartbeat, Orders, RankBeacon
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import ControllerUnavailable, TrainpodError
@@ -48,6 +49,8 @@ class Agent:
         deep: DeepChecker | None = None,
         chaos: ChaosExecutor | None = None,
         launcher: Launcher | None = None,
+        allocation: dict[str, Any] | None = None,
+        checkpoints: CheckpointHub | None = None,
     ) -> None:
         """``facts`` is a zero-argument callable returning the node's current facts.
 
@@ -72,6 +75,10 @@ class Agent:
         self._deep = deep
         self._chaos = chaos
         self._skew: tuple[float, float] | None = None  # (controller time, our time) at receipt
+        self._checkpoints = checkpoints  # agent-owned checkpoint persistence (None: off)
+        # Slurm: {"allocation": job id, "allocation_round": restarts, "group", "devices"}.
+        self._allocation = dict(allocation or {})
+        self.exit_code = 0
 
     def notify(self) -> None:
         """Something changed locally: report it now rather than at the next beat."""
@@ -80,6 +87,8 @@ class Agent:
     # -- the protocol -------------------------------------------------------------------
     def _beat(self, wait_s: float, *, leaving: bool = False) -> Orders | None:
         reports = [self._with_beacons(r) for r in self.launcher.reports()]
+        hub = self._checkpoints
+        ckpts = hub.reports() if hub is not None else []
         hb = Heartbeat(
             node=self.node,
             agent_id=self.agent_id,
@@ -95,6 +104,9 @@ class Agent:
             deep_check=self._deep.result if self._deep else None,
             chaos_done=self._chaos.done if self._chaos else [],
             time=time.time(),
+            checkpoints=ckpts,
+            checkpoint_uploads=hub.uploads() if hub is not None else [],
+            **self._allocation,
         )
         try:
             orders = self._client.heartbeat(hb)
@@ -108,6 +120,8 @@ class Agent:
         self._connected = True
         self._skew = (orders.controller_time, time.time())
         self.launcher.delivered(reports)
+        if hub is not None:
+            hub.delivered(ckpts)
         if self._beacons is not None:
             for gone in {r.attempt_id for r in reports} - self.launcher.attempt_ids():
                 self._beacons.forget(gone)
@@ -147,6 +161,12 @@ class Agent:
         with self._send_lock:
             self._orders_hash = orders.hash
             self._interval = orders.heartbeat_interval_s
+            if orders.leave is not None and not self.stopping.is_set():
+                log.info("order: leave (the allocation's job ended), exit code %d", orders.leave)
+                self.exit_code = orders.leave
+                self.stopping.set()
+            if self._checkpoints is not None and orders.active_jobs is not None:
+                self._checkpoints.retain(set(orders.active_jobs))
             for kill in orders.kill:
                 log.info("order: kill attempt %d (%s)", kill.attempt_id, kill.reason)
                 self.launcher.kill(kill.attempt_id, kill.grace_s)

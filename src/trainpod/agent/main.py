@@ -19,20 +19,27 @@ from trainpod.agent.facts import device_facts, node_facts
 from trainpod.agent.launcher import Launcher
 from trainpod.agent.lifecycle import LifecycleRunner, Script
 from trainpod.agent.monitor import DeepChecker, HealthMonitor, deep_runner
+from trainpod.agent.persisters import CheckpointHub
 from trainpod.agent.warmstart import WarmStarter
 from trainpod.client.http import TrainpodClient
-from trainpod.controller.daemon import load_recorded_spec
 from trainpod.errors import NotFound
 from trainpod.paths import ClusterPaths, ClusterRecord, read_secret
+from trainpod.spec.loading import load_recorded_spec
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="trainpod-agent")
     parser.add_argument("--state-dir", required=True, type=Path)
-    parser.add_argument("--node", required=True)
+    parser.add_argument("--node", help="default: $SLURMD_NODENAME (inside a Slurm job)")
     parser.add_argument("--gpus", default="", help="comma-separated GPU indices of this node")
     parser.add_argument("--address", default="127.0.0.1")
+    parser.add_argument("--allocation", type=int, help="Slurm: the trainpod job it serves")
+    parser.add_argument("--group", help="Slurm: the instance group this node belongs to")
     args = parser.parse_args(argv)
+    slurm = slurm_allocation(args)
+    args.node = args.node or os.environ.get("SLURMD_NODENAME")
+    if not args.node:
+        parser.error("--node is required outside a Slurm job ($SLURMD_NODENAME is not set)")
     logging.basicConfig(
         level=os.environ.get("TRAINPOD_LOG_LEVEL", "INFO"),
         format=f"%(asctime)s %(levelname)s [{args.node}] %(name)s: %(message)s",
@@ -43,6 +50,11 @@ def main(argv: list[str] | None = None) -> None:
     record = ClusterRecord.load(paths)
     spec = load_recorded_spec(record)
     groups = dict(spec.node_names())
+    if args.group is not None:
+        by_name = spec.groups_by_name()
+        if args.group not in by_name:
+            raise NotFound(f"group {args.group!r} is not in cluster {spec.name}")
+        groups[args.node] = by_name[args.group]
     if args.node not in groups:
         raise NotFound(f"node {args.node!r} is not in cluster {spec.name}")
     group = groups[args.node]
@@ -51,6 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     scratch.mkdir(parents=True, exist_ok=True)
     Path(record.shared_dir).mkdir(parents=True, exist_ok=True)
     gpus = [g for g in args.gpus.split(",") if g]
+    if slurm is not None:
+        slurm.update(group=group.name, devices=group.devices_per_node)
     devices = device_facts(group.devices_per_node, gpus)
 
     identity = {
@@ -90,6 +104,15 @@ def main(argv: list[str] | None = None) -> None:
     beacon_path = paths.runtime_dir / f"{args.node}.sock"
     server = BeaconServer(beacon_path)
     node_env["TRAINPOD_BEACON_SOCKET"] = str(beacon_path)
+    # Checkpoints: workers hand committed shared-memory steps to this agent, whose persister
+    # processes copy them to scratch, peer and durable (they outlive a crashed worker).
+    hub = CheckpointHub(
+        paths.runtime_dir / f"{args.node}.ckpt.sock",
+        log_dir=node_dir / "persist",
+        state_file=node_dir / "checkpoints.json",
+        on_change=on_change,
+    )
+    node_env["TRAINPOD_CKPT_SOCKET"] = str(hub.path)
     # Warm starts: a zygote that has imported torch forks ranks (it warms up in the
     # background; until then ranks start cold). TRAINPOD_WARM_START=0 turns it off.
     warm = None
@@ -115,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         controller=(record.host, record.port),
         reference=lambda: agent.controller_time() if agent else None,
     )
+    monitor = HealthMonitor(checks, interval_s=spec.health.check_interval_s, on_change=on_change)
     agent = Agent(
         node=args.node,
         address=args.address,
@@ -126,13 +150,17 @@ def main(argv: list[str] | None = None) -> None:
         heartbeat_interval_s=spec.health.heartbeat_interval_s,
         teardown_grace_s=spec.recovery.teardown_grace_s,
         beacons=server.book,
-        health=HealthMonitor(checks, interval_s=spec.health.check_interval_s, on_change=on_change),
+        health=monitor,
         deep=DeepChecker(
-            deep_runner(group.devices_per_node, scratch, gpu_state), on_change=on_change
+            deep_runner(group.devices_per_node, scratch, gpu_state),
+            on_change=on_change,
+            on_pass=monitor.reset,
         ),
         chaos=ChaosExecutor(
             launcher=launcher, gpu_state=gpu_state, scratch=scratch, scratch_quota_gib=quota
         ),
+        allocation=slurm,
+        checkpoints=hub,
     )
 
     def stop(signum: int, _frame: FrameType | None) -> None:
@@ -147,6 +175,28 @@ def main(argv: list[str] | None = None) -> None:
         agent.run()
     finally:
         server.close()
+        hub.close()
+    if agent.exit_code:
+        raise SystemExit(agent.exit_code)
+
+
+# Where a process runs and for which job (for tools that look), but nothing from which a
+# framework would derive ranks (SLURM_NTASKS, SLURM_PROCID, ...).
+_SLURM_KEPT = {"SLURM_JOB_ID", "SLURMD_NODENAME", "SLURM_CONF"}
+
+
+def slurm_allocation(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Inside a Slurm allocation: what the heartbeat says about it. Slurm's own variables
+    are then dropped, so workers see only the torchrun contract (a framework that finds
+    SLURM_NTASKS would otherwise take its ranks from Slurm instead of from trainpod)."""
+    if args.allocation is None:
+        return None
+    round_ = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    slurm_job = os.environ.get("SLURM_JOB_ID", "")
+    for key in [k for k in os.environ if k.startswith("SLURM") and k not in _SLURM_KEPT]:
+        del os.environ[key]
+    os.environ["TRAINPOD_SLURM_JOB_ID"] = slurm_job
+    return {"allocation": args.allocation, "allocation_round": round_, "external_id": slurm_job}
 
 
 if __name__ == "__main__":

@@ -58,6 +58,15 @@ class HealthMonitor:
             self._on_change()
         return fresh
 
+    def reset(self) -> None:
+        """Forget sticky faults (past XIDs) and check again: the node passed a deep check
+        in place (Slurm nodes are repaired where they are, not replaced by a new agent)."""
+        for check in self._checks:
+            forget = getattr(check, "reset", None)
+            if callable(forget):
+                forget()
+        self.run_once()
+
     def start(self) -> None:
         threading.Thread(target=self._loop, name="health", daemon=True).start()
 
@@ -78,9 +87,12 @@ class DeepChecker:
         run: Callable[[float], CheckResult],
         *,
         on_change: Callable[[], None],
+        on_pass: Callable[[], None] | None = None,
     ) -> None:
+        """``on_pass`` runs after a passing check, before its result is reported."""
         self._run = run
         self._on_change = on_change
+        self._on_pass = on_pass
         self._lock = threading.Lock()
         self.result: DeepCheckResult | None = None
 
@@ -104,6 +116,8 @@ class DeepChecker:
             log.exception("deep health check crashed")
             result = DeepCheckResult(id=order.id, status="fault", reason=f"crashed: {exc}")
         log.info("deep health check %s: %s %s", order.id, result.status, result.reason)
+        if result.status == "ok" and self._on_pass is not None:
+            self._on_pass()
         with self._lock:
             self.result = result
         self._on_change()

@@ -84,6 +84,44 @@ class LifecycleStatus(_Model):
     results: list[LifecycleResult] = Field(default_factory=list)
 
 
+class CheckpointReport(_Model):
+    """What happened to one step of a job's checkpoint in one tier, on the reporting node.
+
+    Sent by the agent until the controller has recorded it (at least once)."""
+
+    job_id: int
+    attempt_id: int | None = Field(default=None, description="the attempt that saved the step")
+    step: int
+    tier: str = Field(description="memory, scratch, peer, durable")
+    scope: Literal["node", "job"] = Field(
+        default="node", description="job: the tier holds every node's part (durable)"
+    )
+    ok: bool
+    saved: bool = Field(default=False, description="the memory-tier commit of a save()")
+    bytes: int = 0
+    seconds: float = Field(default=0.0, description="this node's copy into the tier")
+    since_save_s: float | None = Field(default=None, description="from the snapshot to here")
+    stall_s: float | None = Field(default=None, description="the longest save() stall of a rank")
+    reason: str = ""
+    wrote_manifest: bool = False
+    at: float = Field(default=0.0, description="the agent's wall clock")
+
+
+class CheckpointUpload(_Model):
+    """Where a job's checkpoint persister on the reporting node stands."""
+
+    job_id: int
+    done_through: int | None = None
+    committed: dict[str, int | None] = Field(default_factory=dict)
+    copying_step: int | None = None
+    copying_tier: str | None = None
+    bytes_done: int = 0
+    bytes_total: int = 0
+    rate_bps: float = 0.0
+    retry_in_s: float | None = None
+    errors: dict[str, str] = Field(default_factory=dict)
+
+
 class Heartbeat(_Model):
     """What an agent sends about once a second, and at once when a worker exits."""
 
@@ -103,6 +141,15 @@ class Heartbeat(_Model):
     deep_check: DeepCheckResult | None = None
     chaos_done: list[str] = Field(default_factory=list, description="chaos order ids executed")
     time: float = Field(default=0.0, description="the agent's wall clock when it sent this")
+    checkpoints: list[CheckpointReport] = Field(default_factory=list)
+    checkpoint_uploads: list[CheckpointUpload] = Field(default_factory=list)
+    allocation: int | None = Field(
+        default=None, description="Slurm: the trainpod job whose allocation runs this agent"
+    )
+    allocation_round: int = Field(default=0, description="Slurm: the job's restart count")
+    external_id: str | None = Field(default=None, description="Slurm: SLURM_JOB_ID")
+    group: str | None = Field(default=None, description="the node's group (Slurm nodes)")
+    devices: int | None = Field(default=None, description="the node's devices (Slurm nodes)")
 
 
 class RankSlot(_Model):
@@ -156,6 +203,14 @@ class Orders(_Model):
     deep_check: DeepCheckOrder | None = None
     chaos: list[ChaosOrder] = Field(default_factory=list)
     heartbeat_interval_s: float = 1.0
+    active_jobs: list[int] | None = Field(
+        default=None,
+        description="jobs that have run on this node and have not ended (None: not said);"
+        " the agent removes the shared-memory checkpoints of any other",
+    )
+    leave: int | None = Field(
+        default=None, description="Slurm: the allocation's job ended; exit with this code"
+    )
     controller_time: float = Field(default=0.0, description="not part of the hash")
     hash: str = ""
 
@@ -181,6 +236,7 @@ class NodeInfo(_Model):
     facts: dict[str, Any]
     drained: bool = False
     repairs: int = 0
+    allocation: int | None = None
 
 
 class RankInfo(_Model):
@@ -219,6 +275,7 @@ class JobInfo(_Model):
     started_at: float | None
     ended_at: float | None
     attempts: list[AttemptInfo] = Field(default_factory=list)
+    external: str = Field(default="", description="the job's id in Slurm, if any")
     progress: dict[str, Any] | None = Field(
         default=None, description="the running attempt's progress beacons, summarised"
     )
@@ -255,6 +312,9 @@ class LaunchPlan(_Model):
     nodes: list[str]
     orders: dict[str, LaunchOrder]
     note: str = ""
+    batch_script: str | None = Field(
+        default=None, description="Slurm: the script sbatch would be given"
+    )
 
 
 class NodeAction(_Model):

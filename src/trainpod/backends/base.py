@@ -77,4 +77,4 @@ def backend_for(name: str, paths: ClusterPaths) -> Backend:
 
 
 def _load_builtin() -> None:
-    from trainpod.backends import local  # noqa: F401  (registers itself)
+    from trainpod.backends import local, slurm  # noqa: F401  (register themselves)

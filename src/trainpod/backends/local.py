@@ -64,10 +64,15 @@ class LocalBackend(Backend):
             scratch_root=str(scratch),
             checkpoint_uri=ckpt,
         )
+        record = self._new_record(record)
         write_secret(p.admin_token)
         write_secret(p.agent_token)
         record.save(p.record)
         self.start()
+        return record
+
+    def _new_record(self, record: ClusterRecord) -> ClusterRecord:
+        """A hook for backends that record more (Slurm: its environment)."""
         return record
 
     def _record(self) -> ClusterRecord:
@@ -75,7 +80,7 @@ class LocalBackend(Backend):
 
     def _node_slices(self, record: ClusterRecord) -> dict[str, list[str]]:
         """GPU indices per node, handed out in node order; empty without GPUs."""
-        from trainpod.controller.daemon import load_recorded_spec
+        from trainpod.spec.loading import load_recorded_spec
 
         gpus = detect_gpus()
         out: dict[str, list[str]] = {}
@@ -88,7 +93,7 @@ class LocalBackend(Backend):
         return out
 
     def _nodes(self, record: ClusterRecord) -> list[str]:
-        from trainpod.controller.daemon import load_recorded_spec
+        from trainpod.spec.loading import load_recorded_spec
 
         return [n for n, _ in load_recorded_spec(record).node_names()]
 
@@ -102,6 +107,7 @@ class LocalBackend(Backend):
                 [sys.executable, "-m", "trainpod.controller.daemon", "--state-dir", marker],
                 log=p.log_file(CONTROLLER),
                 pid_file=p.pid_file(CONTROLLER),
+                env=record.env,
             )
             started.append(CONTROLLER)
         self.wait_ready(record)

@@ -63,6 +63,9 @@ def create(
     set_current(spec.name)
     console.print(f"cluster [bold]{spec.name}[/] created; controller at {record.url}")
     console.print(f"  state dir: {paths.state_dir}\n  shared dir: {record.shared_dir}")
+    if spec.backend == "slurm":
+        console.print("  Slurm places the jobs; agents start inside each job's allocation")
+        return
     if not wait:
         return
     with TrainpodClient(record.url, paths.admin_token.read_text().strip()) as client:

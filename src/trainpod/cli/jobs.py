@@ -57,6 +57,12 @@ def submit(
     min_nodes: int = typer.Option(None, "--min-nodes", help="may shrink to this on no spare"),
     hang_timeout_s: float = typer.Option(None, "--hang-timeout-s"),
     startup_timeout_s: float = typer.Option(None, "--startup-timeout-s"),
+    spares: int = typer.Option(0, "--spares", help="Slurm: hot spares inside the allocation"),
+    time_limit: str = typer.Option(None, "--time", help="Slurm: time limit (e.g. 2:00:00)"),
+    nice: int = typer.Option(None, "--nice", help="Slurm: --nice"),
+    priority: int = typer.Option(None, "--priority", help="Slurm: --priority (admins)"),
+    dependency: str = typer.Option(None, "--dependency", help="Slurm: e.g. afterok:123"),
+    exclude: str = typer.Option(None, "--exclude", help="Slurm: nodes never to use (a,b)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="show the launch plan; submit nothing"),
     wait: bool = typer.Option(False, "--wait", help="follow rank 0's log until the job ends"),
     as_json: bool = typer.Option(False, "--json"),
@@ -64,6 +70,12 @@ def submit(
 ) -> None:
     """Submit a job: trainpod submit -N 2 -- python train.py --steps 100"""
     spec = JobSpec(
+        spares=spares,
+        time_limit=time_limit,
+        nice=nice,
+        priority=priority,
+        dependency=dependency,
+        exclude=[x for x in (exclude or "").split(",") if x],
         command=command,
         name=name,
         nodes=nodes,
@@ -81,6 +93,9 @@ def submit(
     with client_for(cluster) as client:
         if dry_run:
             plan = client.plan(spec)
+            if plan.batch_script is not None and not as_json:
+                print(plan.batch_script, end="")  # the script as sbatch would get it
+                return
             console.print_json(plan.model_dump_json())
             return
         job = client.submit(spec)

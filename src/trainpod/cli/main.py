@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from trainpod.cli import chaos, cluster, jobs, nodes
+from trainpod.cli import chaos, cluster, jobs, nodes, slurm
 from trainpod.cli.render import err_console
 from trainpod.errors import Retryable, TrainpodError
 
@@ -19,6 +19,12 @@ app = typer.Typer(
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(chaos.app, name="chaos")
+app.add_typer(slurm.app, name="slurm")
+app.command("health")(slurm.health)
+app.command(
+    "alloc",
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+)(slurm.alloc)
 app.command(
     "submit",
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},

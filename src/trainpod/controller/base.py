@@ -13,7 +13,9 @@ from trainpod.agent.beacons import StragglerTracker
 from trainpod.api.models import ChaosOrder, RankBeacon
 from trainpod.clock import Clock, SystemClock
 from trainpod.controller import judge as judging
+from trainpod.controller.checkpoints import CheckpointEvents
 from trainpod.controller.config import ControllerConfig
+from trainpod.controller.ops import ClusterOps
 from trainpod.controller.ports import PortAllocator, free_port
 from trainpod.controller.states import (
     ATTEMPT_TRANSITIONS,
@@ -63,6 +65,11 @@ class ControllerBase:
         self._first_beacon_logged: set[int] = set()
         self._chaos: dict[str, list[ChaosOrder]] = {}  # node -> pending chaos orders
         self._straggling: dict[int, tuple[StragglerTracker, float]] = {}  # attempt -> tracker
+        self._checkpoints = CheckpointEvents()  # agents' checkpoint reports -> events
+        self.ops: ClusterOps = ClusterOps()  # the external scheduler's seam (Slurm); none
+        self._stale_agents: set[str] = set()
+        self._reaped: set[int] = set()  # jobs whose orphaned Slurm job was cancelled
+        self._mtbf: dict[int, dict[str, str]] = {}  # attempt -> observed MTBF env
 
     # -- wake-ups -------------------------------------------------------------------------
     def _bump(self) -> None:

@@ -30,7 +30,7 @@ from trainpod.api.models import (
     Orders,
     RankInfo,
 )
-from trainpod.controller import progress
+from trainpod.controller import checkpoints, progress
 from trainpod.controller.launch import launch_order
 from trainpod.controller.nodes import node_state_after_heartbeat
 from trainpod.controller.policy import FaultKind
@@ -58,7 +58,8 @@ class Controller(RecoveryMixin):
         now = self.clock.now()
         with self._lock, self.store.transaction():
             known = {n.name for n in self.store.nodes()}
-            for decl in self.cfg.nodes:
+            # Slurm nodes appear when an allocation's agent first registers.
+            for decl in [] if self.external else self.cfg.nodes:
                 if decl.name not in known:
                     self.store.insert_node(
                         decl.name, decl.group, decl.role, decl.spare, decl.devices, now
@@ -78,9 +79,21 @@ class Controller(RecoveryMixin):
                 f"partition {part!r} does not exist on cluster {self.cfg.cluster}; use one of: "
                 f"{', '.join(sorted(self.cfg.partitions))}"
             )
+        slurm_only = spec.slurm_only()
+        if slurm_only and not self.external:
+            raise SpecError(
+                f"{', '.join(slurm_only)} only apply on a Slurm cluster; cluster "
+                f"{self.cfg.cluster} uses the {self.cfg.backend} backend (its hot spares are "
+                "the spec's spare groups); remove them"
+            )
         groups = set(self.cfg.partitions[part])
         members = [d for d in self.cfg.nodes if d.group in groups and not d.spare]
-        if spec.nodes > len(members):
+        if self.external and members and spec.nodes + spec.spares > len(members):
+            raise SpecError(
+                f"the job asks for {spec.nodes} nodes + {spec.spares} spares but partition "
+                f"{part!r} has {len(members)} nodes; ask for fewer"
+            )
+        if spec.nodes > len(members) and not self.external:
             spares = sum(1 for d in self.cfg.nodes if d.group in groups and d.spare)
             raise SpecError(
                 f"the job asks for {spec.nodes} nodes but partition {part!r} has "
@@ -115,6 +128,8 @@ class Controller(RecoveryMixin):
                 command=resolved.command,
                 auto_resume=resolved.auto_resume,
             )
+            if self.external:
+                self._submit_external(job_id, resolved, now)
             self._bump()
         return job_id
 
@@ -122,6 +137,16 @@ class Controller(RecoveryMixin):
         """What :meth:`submit` would launch if the job were placed now (``--dry-run``)."""
         resolved, part = self._resolve(spec)
         procs = resolved.procs_per_node or 1
+        if self.external:
+            note = (
+                f"Slurm places the job: {resolved.nodes} node(s)"
+                + (f" + {resolved.spares} spare(s)" if resolved.spares else "")
+                + f" in partition {part!r}; job id 0 stands for the id it will get"
+            )
+            script = self.ops.render(0, resolved)
+            return LaunchPlan(
+                job=resolved, partition=part, nodes=[], orders={}, note=note, batch_script=script
+            )
         with self._lock:
             groups = set(self.cfg.partitions[part])
             pool = [n for n in self._schedulable() if n.group in groups]
@@ -157,6 +182,8 @@ class Controller(RecoveryMixin):
                 raise Conflict(f"job {job_id} has already ended ({job.state.value})")
             self.store.update_job(job_id, now, cancel_requested=True)
             self.store.add_event(now, "cancel_requested", job_id=job_id)
+            if self.external and job.external:
+                self._ops_call("cancel", now, self.ops.cancel, job.external, job_id=job_id)
             if job.state is JobState.QUEUED:
                 self._set_job(job, JobState.CANCELLED, now, reason="cancelled while queued")
             elif job.state is JobState.RECOVERING and self._active_attempt(job_id) is None:
@@ -236,6 +263,8 @@ class Controller(RecoveryMixin):
         now = self.clock.now()
         with self.store.transaction():
             node = self.store.node(hb.node)
+            if node is None and self.external and hb.allocation is not None:
+                node = self._declare_external(hb, now)
             if node is None:
                 raise NotFound(
                     f"node {hb.node!r} is not part of cluster {self.cfg.cluster}; "
@@ -271,6 +300,19 @@ class Controller(RecoveryMixin):
                 agent_pid=hb.agent_pid,
                 facts=facts,
             )
+            if self.external:
+                stale = self._stale_allocation(hb.allocation, hb.allocation_round)
+                if stale:
+                    self._stale_agents.add(hb.agent_id)
+                alloc = None if hb.leaving or stale else hb.allocation
+                owner = self.store.job(alloc) if alloc is not None else None
+                if owner is not None and not owner.external and hb.external_id:
+                    self.store.update_job(owner.id, now, external=hb.external_id)  # salloc
+                if alloc != node.allocation:
+                    self.store.update_node(node.name, now, allocation=alloc)
+                    if alloc is not None:
+                        self.store.add_event(now, "node_allocated", node=node.name, job_id=alloc)
+                    node = self._node(node.name)
             if node.state is NodeState.REPAIRING:
                 self._repair_on_heartbeat(node, hb, now)
             else:
@@ -278,6 +320,7 @@ class Controller(RecoveryMixin):
                 if target is not None and target != node.state:
                     self._set_node(node, target, now, reason=reason)
             self._record_beacons(hb, now)
+            self._checkpoints.record(self.store, hb, now)
             touched = self._apply_reports(node.name, hb.attempts, now)
             if new_agent:
                 touched |= self._lose_unreported(node.name, hb.attempts, now)
@@ -438,11 +481,58 @@ class Controller(RecoveryMixin):
             deep_check=deep,
             chaos=list(self._chaos.get(node, [])),
             heartbeat_interval_s=self.cfg.heartbeat_interval_s,
+            active_jobs=checkpoints.active_jobs(self.store, node),
+            leave=self._leave_code(row),
         ).sealed()
+
+    def _leave_code(self, row: NodeRow | None) -> int | None:
+        """Slurm: an allocation agent whose job ended (or was requeued) exits with this."""
+        if not self.external or row is None:
+            return None
+        if row.agent_id in self._stale_agents:
+            return 1
+        if row.allocation is None:
+            return None
+        job = self.store.job(row.allocation)
+        if job is None or not job.state.ended:
+            return None
+        return 0 if job.state is JobState.COMPLETED else 1
+
+    def _declare_external(self, hb: Heartbeat, now: float) -> NodeRow:
+        """A Slurm node seen for the first time: its agent says which group it serves."""
+        group = hb.group or next(iter(self.cfg.partitions.values()))[0]
+        self.store.insert_node(hb.node, group, "compute", False, hb.devices or 0, now)
+        self.store.add_event(now, "node_declared", node=hb.node, group=group)
+        self._order.setdefault(hb.node, len(self._order))
+        return self._node(hb.node)
+
+    def _observed_mtbf(self, attempt: AttemptRow) -> dict[str, str]:
+        """The job's mean time between failures as this cluster has seen it, for a
+        Checkpointer's ``interval="auto"`` (Young/Daly): node-seconds observed per fault,
+        divided by the job's nodes. Nothing before the first fault (the library's default
+        applies). Fixed per attempt, so its orders do not change under it."""
+        cached = self._mtbf.get(attempt.id)
+        if cached is None:
+            faults, first = self.store.fault_history()
+            cached = {}
+            if faults and first is not None:
+                node_s = (self.clock.now() - first) * max(1, len(self.store.nodes()))
+                per_job = node_s / faults / max(1, len(attempt.nodes))
+                cached = {
+                    "TRAINPOD_MTBF_S": f"{max(per_job, 1.0):.0f}",
+                    "TRAINPOD_MTBF_SOURCE": (
+                        f"cluster {self.cfg.cluster}: {faults} faults in "
+                        f"{node_s / 3600:.2f} node-hours, job of {len(attempt.nodes)} nodes"
+                    ),
+                }
+            self._mtbf[attempt.id] = cached
+        return cached
 
     def _launch_order(self, attempt: AttemptRow, node: str) -> LaunchOrder:
         job = self._job(attempt.job_id)
         spec = self._spec(job)
+        if "TRAINPOD_MTBF_S" not in spec.env and (mtbf := self._observed_mtbf(attempt)):
+            spec = spec.model_copy(update={"env": {**mtbf, **spec.env}})
         return launch_order(
             self.cfg,
             job_id=job.id,
@@ -475,6 +565,8 @@ class Controller(RecoveryMixin):
             if node.state not in _LIVE_NODE_STATES or node.last_heartbeat is None:
                 continue
             if node.agent_id is None or now - node.last_heartbeat <= timeout:
+                continue
+            if self._allocation_gone(node, now):
                 continue
             silent = now - node.last_heartbeat
             reason = f"node lost: no heartbeat for {silent:.1f}s"
@@ -573,6 +665,11 @@ class Controller(RecoveryMixin):
         """Place queued jobs (FIFO gangs). Cheap when nothing changed since the last pass."""
         if self._version == self._scheduled_at_version:
             return
+        if self.external:
+            if self._schedule_allocations(now):
+                self._bump()
+            self._scheduled_at_version = self._version
+            return
         queued = self.store.job_ids([JobState.QUEUED])
         for stale in set(self._queue) - set(queued):
             del self._queue[stale]
@@ -649,14 +746,17 @@ class Controller(RecoveryMixin):
             started_at=job.started_at,
             ended_at=job.ended_at,
             attempts=attempts,
+            external=job.external,
             progress=self._live_progress(job.id),
         )
 
     def _live_progress(self, job_id: int) -> dict[str, Any] | None:
         attempt = self._active_attempt(job_id)
-        if attempt is None or attempt.id not in self._beacons:
+        uploads = self._checkpoints.progress(job_id)
+        if attempt is None or (attempt.id not in self._beacons and not uploads):
             return None
-        return {"attempt": attempt.number, **progress.summarise(self._beacons[attempt.id])}
+        out = {"attempt": attempt.number, **progress.summarise(self._beacons.get(attempt.id, {}))}
+        return {**out, "checkpoint_uploads": uploads} if uploads else out
 
     def event_infos(
         self,
@@ -693,4 +793,5 @@ def _node_info(n: NodeRow) -> NodeInfo:
         facts=n.facts,
         drained=n.drained,
         repairs=n.repairs,
+        allocation=n.allocation,
     )

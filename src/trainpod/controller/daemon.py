@@ -19,14 +19,15 @@ from trainpod.api.models import ClusterInfo
 from trainpod.backends.base import backend_for
 from trainpod.controller.config import ControllerConfig, NodeDecl
 from trainpod.controller.core import Controller
+from trainpod.controller.ops import ClusterOps
 from trainpod.paths import ClusterPaths, ClusterRecord, read_secret
-from trainpod.spec.cluster import ClusterSpec
-from trainpod.spec.loading import parse_cluster_spec
+from trainpod.spec.loading import load_recorded_spec
 from trainpod.store.repo import Store
 
 log = logging.getLogger(__name__)
 
 STEP_INTERVAL_S = 0.25
+OBSERVE_INTERVAL_S = 2.0
 
 
 def config_from_record(record: ClusterRecord, paths: ClusterPaths) -> ControllerConfig:
@@ -54,12 +55,7 @@ def config_from_record(record: ClusterRecord, paths: ClusterPaths) -> Controller
         auto_repair=spec.recovery.auto_repair,
         retire_after=spec.recovery.retire_after,
         deep_check_timeout_s=spec.recovery.deep_check_timeout_s,
-    )
-
-
-def load_recorded_spec(record: ClusterRecord) -> ClusterSpec:
-    return parse_cluster_spec(
-        record.spec, source=record.spec_path, base_dir=Path(record.spec_path).parent
+        extra={"cluster_id": f"{spec.name}-{record.created_at:.0f}"},
     )
 
 
@@ -71,6 +67,34 @@ def run_reconciler(controller: Controller, stop: threading.Event) -> None:
         except Exception:  # the loop must survive a bad step; the error is logged in full
             log.exception("reconcile step failed")
         controller.wakeup.wait(STEP_INTERVAL_S)
+
+
+def slurm_ops(record: ClusterRecord, paths: ClusterPaths, config: ControllerConfig) -> ClusterOps:
+    from trainpod.slurm.cli import Slurm
+    from trainpod.slurm.ops import SlurmOps, SlurmSite
+
+    spec = load_recorded_spec(record)
+    site = SlurmSite(
+        cluster=spec.name,
+        state_dir=paths.state_dir,
+        jobs_dir=paths.jobs_dir,
+        groups={p: groups[0] for p, groups in config.partitions.items()},
+        env=(("PYTHONUNBUFFERED", "1"),),
+        sbatch_options=spec.slurm.sbatch_options if spec.slurm else (),
+    )
+    return SlurmOps(Slurm(record.env), site)
+
+
+def run_observer(controller: Controller, stop: threading.Event) -> None:
+    """Look at the external scheduler every OBSERVE_INTERVAL_S (Slurm commands run outside
+    the controller's lock) and apply what changed."""
+    while not stop.wait(OBSERVE_INTERVAL_S):
+        try:
+            obs = controller.ops.observe(controller.external_ids())
+            if obs is not None:
+                controller.observe(obs)
+        except Exception:  # Slurm may be briefly unreachable; the next look retries
+            log.exception("looking at the external scheduler failed")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,8 +111,10 @@ def main(argv: list[str] | None = None) -> None:
     config = config_from_record(record, paths)
     store = Store.open(paths.db)
     controller = Controller(store, config)
-    backend = backend_for(record.backend, paths)
-    controller.repairer = backend.replace_node
+    if record.backend == "slurm":
+        controller.ops = slurm_ops(record, paths, config)
+    else:
+        controller.repairer = backend_for(record.backend, paths).replace_node
     controller.bootstrap()
 
     def info() -> ClusterInfo:
@@ -115,6 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     loop = threading.Thread(target=run_reconciler, args=(controller, stop), daemon=True)
     loop.start()
+    if not controller.ops.places_jobs:
+        watch = threading.Thread(target=run_observer, args=(controller, stop), daemon=True)
+        watch.start()
     log.info("controller for %s listening on %s", record.name, record.url)
     try:
         uvicorn.run(app, host=record.host, port=record.port, log_level="warning", access_log=False)

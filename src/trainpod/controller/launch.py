@@ -56,6 +56,9 @@ def node_env(
             ),
             "TORCHELASTIC_USE_AGENT_STORE": "False",
             "TRAINPOD_CLUSTER": cfg.cluster,
+            # A cluster deleted and created again under its name is another cluster: its
+            # job 1 must not find the old job 1's files in /dev/shm.
+            "TRAINPOD_CLUSTER_ID": cfg.extra.get("cluster_id", cfg.cluster),
             "TRAINPOD_JOB_ID": str(job_id),
             "TRAINPOD_JOB_NAME": spec.display_name(),
             "TRAINPOD_ATTEMPT": str(attempt_number),

@@ -16,7 +16,8 @@ from typing import Any
 from trainpod.api.models import Heartbeat, NodeAction
 from trainpod.controller import judge as judging
 from trainpod.controller import progress
-from trainpod.controller.base import HEALTHY_NODE_STATES, ControllerBase
+from trainpod.controller.base import HEALTHY_NODE_STATES
+from trainpod.controller.external import ExternalMixin
 from trainpod.controller.nodes import lifecycle_failure
 from trainpod.controller.policy import (
     Decision,
@@ -41,7 +42,7 @@ _HELD = {NodeState.QUARANTINED, NodeState.REPAIRING, NodeState.RETIRED}
 REPAIR_SLACK_S = 120.0  # on top of the deep check's own timeout
 
 
-class RecoveryMixin(ControllerBase):
+class RecoveryMixin(ExternalMixin):
     #: Replaces a node like a new instance (fresh scratch, lifecycle scripts, new agent).
     #: Set by the daemon from the backend; None where nodes cannot be replaced.
     repairer: Callable[[str], None] | None = None
@@ -162,7 +163,12 @@ class RecoveryMixin(ControllerBase):
             return Fault(kind, reason, nodes, sig)
         return Fault(kind, reason, nodes)
 
-    def _node_views(self) -> list[NodeView]:
+    def _node_views(self, job_id: int | None = None) -> list[NodeView]:
+        """The nodes recovery may choose from: all of them, or on Slurm (``job_id`` given)
+        only the job's own allocation: its spares are the allocated nodes it does not use."""
+        rows = self.store.nodes()
+        if self.external and job_id is not None:
+            rows = [n for n in rows if n.allocation == job_id]
         return [
             NodeView(
                 name=n.name,
@@ -174,7 +180,7 @@ class RecoveryMixin(ControllerBase):
                 and n.job_id is None
                 and n.role == "compute",
             )
-            for n in sorted(self.store.nodes(), key=self._node_order)
+            for n in sorted(rows, key=self._node_order)
         ]
 
     def _recover(self, job: JobRow, attempt: AttemptRow, now: float) -> None:
@@ -222,7 +228,7 @@ class RecoveryMixin(ControllerBase):
                     nodes=list(fault.nodes),
                     reason=fault.reason,
                 )
-        decision = decide(view, fault, self._node_views())
+        decision = decide(view, fault, self._node_views(job.id))
         if job.cancel_requested and not isinstance(decision, Fail):
             # Cancelled while its fault was being torn down: never restart it.
             self._release_nodes(job.id, self._held_nodes(job.id), now)
@@ -235,7 +241,12 @@ class RecoveryMixin(ControllerBase):
         self, job: JobRow, attempt: AttemptRow, fault: Fault, decision: Decision, now: float
     ) -> None:
         held = self._held_nodes(job.id)
-        if isinstance(decision, Wait):
+        if isinstance(decision, Wait) and self.external and job.external:
+            bad = sorted(fault.nodes) or sorted(set(attempt.nodes) - set(decision.keep))
+            why = f"no spare left in the allocation; requeued in Slurm without {', '.join(bad)}"
+            self._decision_event(job, attempt, "requeue", why, [], now, exclude=bad)
+            self._requeue(job, bad, why, now)
+        elif isinstance(decision, Wait):
             if job.state is JobState.RECOVERING and job.reason == decision.reason:
                 return  # nothing new: still waiting for the same thing
             self._decision_event(job, attempt, "wait", decision.reason, list(decision.keep), now)
@@ -315,6 +326,8 @@ class RecoveryMixin(ControllerBase):
             return
         request = {"requested": repair, "kind": kind.value, "since": now}
         self._set_node(node, NodeState.QUARANTINED, now, reason=reason, repair=request)
+        if self.external:
+            self._ops_call("drain", now, self.ops.drain, node.name, reason, node=node.name)
         if node.job_id is None:
             return
         attempt = self._active_attempt(node.job_id)
@@ -331,9 +344,14 @@ class RecoveryMixin(ControllerBase):
         for node in self.store.nodes():
             rep = node.repair
             if node.state is NodeState.QUARANTINED and rep.get("requested"):
-                if self.repairer is None or node.job_id is not None:
-                    continue  # cannot replace here, or its attempt is still being torn down
-                self._begin_repair(node, "replace", now)
+                if node.job_id is not None:
+                    continue  # its attempt is still being torn down
+                if self.repairer is not None:
+                    self._begin_repair(node, "replace", now)
+                elif self.external and self._agent_alive(node, now):
+                    # Slurm nodes cannot be re-provisioned from here: check the node in
+                    # place through its live agent; a pass resumes it in Slurm.
+                    self._begin_repair(node, "check", now)
             elif node.state is NodeState.REPAIRING:
                 limit = rep.get("started_at", now) + self.cfg.deep_check_timeout_s + REPAIR_SLACK_S
                 if now > limit:
@@ -383,6 +401,8 @@ class RecoveryMixin(ControllerBase):
             return
         self._set_node(node, NodeState.IDLE, now, reason="", repair={}, repairs=0, job_id=None)
         self.store.add_event(now, "node_repaired", node=node.name, mode=rep.get("mode"))
+        if self.external:
+            self._ops_call("resume", now, self.ops.resume, node.name, node=node.name)
         self._bump()
 
     def _repair_failed(self, node: NodeRow, reason: str, now: float) -> None:
@@ -412,6 +432,18 @@ class RecoveryMixin(ControllerBase):
             )
         self._bump()
 
+    def _agent_alive(self, node: NodeRow, now: float) -> bool:
+        return (
+            node.agent_id is not None
+            and node.last_heartbeat is not None
+            and now - node.last_heartbeat <= self.cfg.heartbeat_timeout_s
+        )
+
+    def _slurm_down(self, node: NodeRow, why: str, now: float) -> None:
+        reason = f"Slurm marks the node down: {why}"
+        self.store.add_event(now, "external_node_down", node=node.name, reason=why)
+        self._quarantine(node, reason, FaultKind.NODE_LOST, now, repair=self.cfg.auto_repair)
+
     # -- operators --------------------------------------------------------------------------
     def node_action(self, name: str, action: NodeAction) -> NodeRow:
         """drain | quarantine | resume | replace a node, with the operator's reason."""
@@ -422,6 +454,8 @@ class RecoveryMixin(ControllerBase):
             self.store.add_event(now, f"node_{action.action}", node=name, reason=action.reason)
             if action.action == "drain":
                 self.store.update_node(name, now, drained=True, reason=f"drained ({why})")
+                if self.external:
+                    self._ops_call("drain", now, self.ops.drain, name, why, node=name)
             elif action.action == "quarantine":
                 self._quarantine(node, why, FaultKind.QUARANTINED, now, repair=False)
             elif action.action == "replace":
@@ -445,6 +479,8 @@ class RecoveryMixin(ControllerBase):
                     self._begin_repair(node, "replace", now)
                 elif node.state in HEALTHY_NODE_STATES:
                     self.store.update_node(name, now, reason="")
+                    if self.external:
+                        self._ops_call("resume", now, self.ops.resume, name, node=name)
             self._bump()
             return self._node(name)
 

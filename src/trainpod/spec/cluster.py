@@ -129,6 +129,74 @@ class LifecycleScript(_Model):
         return resolved
 
 
+def _hostlist(value: str) -> str:
+    from trainpod.slurm.hostlist import HostlistError, expand
+
+    try:
+        if not expand(value):
+            raise HostlistError("empty")
+    except HostlistError as exc:
+        raise _problem(
+            f"not a Slurm host list ({exc})", value, "write e.g. node[1-4] or gpu-01,gpu-02"
+        ) from None
+    return value
+
+
+class SlurmNodes(_Model):
+    """How a group's nodes appear in Slurm (``backend: slurm``)."""
+
+    nodes: Annotated[StrictStr, AfterValidator(_hostlist)]
+    """The group's Slurm node names as a host list, e.g. ``node[1-4]``; ``count`` must match."""
+    cpus: StrictInt | None = Field(default=None, ge=1)
+    """CPUs per node for the rendered ``NodeName`` line (``trainpod slurm render-conf``)."""
+    real_memory_mib: StrictInt | None = Field(default=None, ge=1)
+    """RealMemory (MiB) for the rendered ``NodeName`` line."""
+    features: tuple[StrictStr, ...] = ()
+    """Slurm node features for the rendered ``NodeName`` line."""
+
+
+class SlurmSpec(_Model):
+    """Where the Slurm cluster is and what every batch job needs (``backend: slurm``)."""
+
+    conf: Path | None = None
+    """slurm.conf to use (exported as ``SLURM_CONF`` to every Slurm command); None: the
+    environment's ``SLURM_CONF`` at ``cluster create``, else Slurm's default."""
+    sbatch_options: tuple[StrictStr, ...] = ()
+    """Extra ``sbatch`` options for every job, verbatim (e.g. ``--account=ml``)."""
+
+    @field_validator("conf", mode="after")
+    @classmethod
+    def _resolve_conf(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return None if value is None else _absolute(value, info)
+
+    @field_validator("sbatch_options", mode="after")
+    @classmethod
+    def _options(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for opt in value:
+            if not opt.startswith("--") or opt.split("=")[0] in _MANAGED_SBATCH:
+                raise _problem(
+                    "not an sbatch option trainpod leaves to you",
+                    opt,
+                    "give long options like --account=ml; trainpod sets "
+                    + ", ".join(sorted(_MANAGED_SBATCH))
+                    + " itself",
+                )
+        return value
+
+
+_MANAGED_SBATCH = {
+    "--job-name",
+    "--nodes",
+    "--ntasks-per-node",
+    "--exclusive",
+    "--partition",
+    "--no-kill",
+    "--requeue",
+    "--open-mode",
+    "--output",
+}
+
+
 class InstanceGroup(_Model):
     """A set of identical nodes; its nodes are named ``<name>-0`` .. ``<name>-<count-1>``."""
 
@@ -144,10 +212,20 @@ class InstanceGroup(_Model):
     """True puts the group in the hot-spare pool that replaces failed nodes (compute only)."""
     lifecycle: tuple[LifecycleScript, ...] = ()
     """Scripts run in order on each node after it comes up."""
+    slurm: SlurmNodes | None = None
+    """With ``backend: slurm``: the group's Slurm nodes (node names, CPUs, memory)."""
 
     @model_validator(mode="after")
     def _check_role(self) -> InstanceGroup:
         problems: list[SpecProblem] = []
+        if self.slurm is not None:
+            from trainpod.slurm.hostlist import expand
+
+            n = len(expand(self.slurm.nodes))
+            if n != self.count:
+                reason = f"count is {self.count} but slurm.nodes names {n} nodes"
+                fix = f"set `count: {n}` or correct slurm.nodes"
+                problems.append(SpecProblem(("count",), reason, self.count, fix))
         if self.role == "head" and self.count != 1:
             reason, fix = "one head node is supported", "set `count: 1`"
             problems.append(SpecProblem(("count",), reason, self.count, fix))
@@ -267,11 +345,14 @@ class ClusterSpec(_Model):
     """Heartbeat interval and timeout."""
     recovery: RecoveryPolicy = RecoveryPolicy()
     """Teardown grace period and default restart budget."""
+    slurm: SlurmSpec | None = None
+    """With ``backend: slurm``: the slurm.conf and sbatch options for every job."""
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> ClusterSpec:
         problems = _group_problems(self.instance_groups)
         problems += _partition_problems(self.instance_groups, self.partitions or ())
+        problems += _backend_problems(self)
         if problems:
             raise SpecProblems(problems)
         return self
@@ -299,12 +380,34 @@ class ClusterSpec(_Model):
         return next(p for p in self.effective_partitions() if p.default)
 
     def node_names(self) -> list[tuple[str, InstanceGroup]]:
-        """Every node as ``(name, group)``: groups in file order, ``<group>-0`` upwards."""
-        return [(f"{g.name}-{i}", g) for g in self.instance_groups for i in range(g.count)]
+        """Every node as ``(name, group)``: groups in file order, ``<group>-0`` upwards, or
+        a group's Slurm node names when it has them."""
+        from trainpod.slurm.hostlist import expand
+
+        out: list[tuple[str, InstanceGroup]] = []
+        for g in self.instance_groups:
+            names = expand(g.slurm.nodes) if g.slurm else [f"{g.name}-{i}" for i in range(g.count)]
+            out.extend((n, g) for n in names)
+        return out
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (``model_dump(mode="json")``) that parses back to an equal spec."""
         return self.model_dump(mode="json")
+
+
+def _backend_problems(spec: ClusterSpec) -> list[SpecProblem]:
+    problems: list[SpecProblem] = []
+    if spec.backend == "slurm":
+        for i, g in enumerate(spec.instance_groups):
+            if g.spare:
+                reason = "on Slurm, hot spares are per job, inside its allocation"
+                fix = "remove `spare: true` and submit with `trainpod submit --spares K`"
+                problems.append(SpecProblem(("instance_groups", i, "spare"), reason, True, fix))
+        return problems
+    if spec.slurm is not None:
+        reason, fix = "only used with `backend: slurm`", "remove it or set `backend: slurm`"
+        problems.append(SpecProblem(("slurm",), reason, NOTHING, fix))
+    return problems
 
 
 def _group_problems(groups: tuple[InstanceGroup, ...]) -> list[SpecProblem]:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE")
 
 _RESERVED_ENV = (
     "RANK",
@@ -47,6 +51,40 @@ class JobSpec(BaseModel):
     startup_timeout_s: float | None = Field(
         default=None, gt=0, description="hung if no first beacon by then; None = never"
     )
+
+    spares: int = Field(
+        default=0, ge=0, le=64, description="Slurm: extra nodes held as hot spares in the job"
+    )
+    time_limit: str | None = Field(default=None, description="Slurm --time (e.g. 2:00:00)")
+    nice: int | None = Field(default=None, description="Slurm --nice")
+    priority: int | None = Field(default=None, ge=0, description="Slurm --priority (admins)")
+    dependency: str | None = Field(default=None, description="Slurm --dependency, verbatim")
+    exclude: list[str] = Field(default_factory=list, description="Slurm nodes never to use")
+    interactive: bool = Field(
+        default=False, description="Slurm: allocated by `trainpod alloc` (salloc), not sbatch"
+    )
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_TIME.fullmatch(value):
+            raise ValueError(
+                f"--time {value!r} is not a Slurm time limit; use minutes, MM:SS, HH:MM:SS, "
+                "D-HH, D-HH:MM or D-HH:MM:SS (e.g. 90 or 1:30:00)"
+            )
+        return value
+
+    def slurm_only(self) -> list[str]:
+        """The Slurm pass-through options this job sets (empty for a plain job)."""
+        named = {
+            "--spares": self.spares or None,
+            "--time": self.time_limit,
+            "--nice": self.nice,
+            "--priority": self.priority,
+            "--dependency": self.dependency,
+            "--exclude": self.exclude or None,
+        }
+        return [k for k, v in named.items() if v is not None]
 
     @model_validator(mode="after")
     def _min_nodes_fit(self) -> JobSpec:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from trainpod.errors import SpecError
+from trainpod.paths import ClusterRecord
 from trainpod.spec.cluster import NOTHING, ClusterSpec, SpecProblems
 
 _MAX_GOT = 60
@@ -336,3 +337,11 @@ def _short(value: Any) -> str:
 def _sentence(text: str) -> str:
     text = text.strip()
     return text if text.endswith((".", "?", "!")) else text + "."
+
+
+def load_recorded_spec(record: ClusterRecord) -> ClusterSpec:
+    """The spec a cluster was created from, as its record keeps it (paths resolve against the
+    original spec file's directory). Light to import: agents call it at start-up."""
+    return parse_cluster_spec(
+        record.spec, source=record.spec_path, base_dir=Path(record.spec_path).parent
+    )

@@ -90,4 +90,9 @@ MIGRATIONS: list[str] = [
     ALTER TABLE nodes ADD COLUMN repair TEXT NOT NULL DEFAULT '{}';
     ALTER TABLE attempts ADD COLUMN restart_reason TEXT NOT NULL DEFAULT '';
     """,
+    # 3: external schedulers (Slurm): a job's id there; the job whose allocation holds a node
+    """
+    ALTER TABLE jobs ADD COLUMN external TEXT NOT NULL DEFAULT '';
+    ALTER TABLE nodes ADD COLUMN allocation INTEGER;
+    """,
 ]

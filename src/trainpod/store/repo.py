@@ -31,8 +31,9 @@ _NODE_COLUMNS = {
     "drained",
     "repairs",
     "repair",
+    "allocation",
 }
-_JOB_COLUMNS = {"state", "reason", "started_at", "ended_at", "cancel_requested"}
+_JOB_COLUMNS = {"state", "reason", "started_at", "ended_at", "cancel_requested", "external"}
 _ATTEMPT_COLUMNS = {"state", "started_at", "ended_at", "cause", "failure"}
 _RANK_COLUMNS = {"state", "pid", "exit_code", "signal", "started_at", "ended_at"}
 
@@ -147,6 +148,20 @@ class Store:
             (job_id, kind, attempt),
         ).fetchone()
         return row is not None
+
+    def fault_history(self) -> tuple[int, float | None]:
+        """How many ``fault_detected`` events there are, and the time of the first event."""
+        row = self._conn.execute(
+            "SELECT (SELECT COUNT(*) FROM events WHERE kind = 'fault_detected'), "
+            "(SELECT MIN(ts) FROM events)"
+        ).fetchone()
+        return int(row[0]), row[1]
+
+    def count_events(self, job_id: int, kind: str) -> int:
+        row = self._conn.execute(
+            "SELECT COUNT(*) FROM events WHERE job_id = ? AND kind = ?", (job_id, kind)
+        ).fetchone()
+        return int(row[0])
 
     # -- nodes --------------------------------------------------------------------------
     def insert_node(

@@ -29,6 +29,7 @@ class NodeRow:
     drained: bool = False
     repairs: int = 0  # failed repairs so far
     repair: dict[str, Any] = field(default_factory=dict)  # the repair in progress, if any
+    allocation: int | None = None  # Slurm: the job whose allocation this node's agent serves
 
     @classmethod
     def from_sql(cls, r: sqlite3.Row) -> NodeRow:
@@ -50,6 +51,7 @@ class NodeRow:
             drained=bool(r["drained"]),
             repairs=r["repairs"],
             repair=json.loads(r["repair"]),
+            allocation=r["allocation"],
         )
 
 
@@ -65,6 +67,7 @@ class JobRow:
     ended_at: float | None
     cancel_requested: bool
     updated_at: float
+    external: str = ""  # the job's id in an external scheduler (Slurm), if any
 
     @classmethod
     def from_sql(cls, r: sqlite3.Row) -> JobRow:
@@ -78,6 +81,7 @@ class JobRow:
             started_at=r["started_at"],
             ended_at=r["ended_at"],
             cancel_requested=bool(r["cancel_requested"]),
+            external=r["external"],
             updated_at=r["updated_at"],
         )
 

@@ -152,6 +152,8 @@ class FakeAgent:
         self.chaos: list[ChaosOrder] = []  # every chaos order received, in arrival order
         self.ack_chaos = True  # acknowledge received chaos orders on the next beat
         self._chaos_done: list[str] = []
+        # Slurm: {"allocation": job, "allocation_round": n, "external_id": ..., "group": ...}
+        self.allocation: dict[str, Any] = {}
 
     @property
     def clock(self) -> Clock:
@@ -183,6 +185,7 @@ class FakeAgent:
             deep_check=self.deep_check,
             chaos_done=list(self._chaos_done) if self.ack_chaos else [],
             time=self._now(),
+            **self.allocation,
         )
 
     def beat(

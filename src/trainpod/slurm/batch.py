@@ -1,0 +1,103 @@
+"""The batch script trainpod submits with ``sbatch``: one trainpod agent per allocated node.
+
+Slurm places the job (partition, priority, time, dependencies); inside the allocation
+``srun`` starts one agent per node, and the agents join the controller exactly as local
+agents do. The controller then launches the workers on the first ``nodes`` of them; the
+rest (``--spares K``) are hot spares inside the allocation. The script is deterministic
+for a given input, so ``trainpod submit --dry-run`` output can be golden-tested.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """Everything the batch script says, in Slurm's terms."""
+
+    cluster: str
+    job_id: int
+    nodes: int
+    spares: int
+    partition: str
+    output: str
+    """Slurm's ``--output`` path (``%j`` is the Slurm job id); appended to on requeue."""
+    agent_argv: tuple[str, ...]
+    """The agent command each ``srun`` task runs (``SLURMD_NODENAME`` names the node)."""
+    env: tuple[tuple[str, str], ...] = ()
+    time_limit: str | None = None
+    nice: int | None = None
+    dependency: str | None = None
+    exclude: tuple[str, ...] = ()
+    priority: int | None = None
+    extra: tuple[str, ...] = field(default=())
+    """Further ``sbatch`` options verbatim (``--account=x``), for sites that need them."""
+
+    @property
+    def job_name(self) -> str:
+        return f"tp-{self.cluster}-{self.job_id}"
+
+    def directives(self) -> list[str]:
+        """The ``sbatch`` options, in a fixed order."""
+        opts = [
+            f"--job-name={self.job_name}",
+            f"--nodes={self.nodes + self.spares}",
+            "--ntasks-per-node=1",
+            # Whole nodes: a trainpod node is a machine, with one agent (two agents on one
+            # node would fight over its beacon socket, GPUs and scratch).
+            "--exclusive",
+            f"--partition={self.partition}",
+            # A node failure must not end the allocation: trainpod moves the ranks to a
+            # spare, or requeues the job itself without the bad node.
+            "--no-kill",
+            "--requeue",
+            "--open-mode=append",
+            f"--output={self.output}",
+        ]
+        if self.time_limit is not None:
+            opts.append(f"--time={self.time_limit}")
+        if self.nice is not None:
+            opts.append(f"--nice={self.nice}")
+        if self.priority is not None:
+            opts.append(f"--priority={self.priority}")
+        if self.dependency:
+            opts.append(f"--dependency={self.dependency}")
+        if self.exclude:
+            opts.append(f"--exclude={','.join(self.exclude)}")
+        opts.extend(self.extra)
+        return opts
+
+
+def render(req: BatchRequest) -> str:
+    """The batch script for ``req`` (bash)."""
+    lines = [
+        "#!/bin/bash",
+        f"# trainpod job {req.job_id} on cluster {req.cluster}: {req.nodes} node(s)"
+        + (f" + {req.spares} hot spare(s)" if req.spares else "")
+        + ".",
+        "# One trainpod agent per allocated node; the trainpod controller launches the",
+        "# workers and heals the job (rendered by trainpod; do not edit).",
+        *(f"#SBATCH {opt}" for opt in req.directives()),
+        "",
+        "set -euo pipefail",
+        *(f"export {k}={shlex.quote(v)}" for k, v in req.env),
+        f"export TRAINPOD_ALLOCATION={req.job_id}",
+        'echo "trainpod: allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST'
+        ' (restart ${SLURM_RESTART_COUNT:-0})"',
+        # One step per node, each --no-kill: a node that dies ends only its own step (Slurm
+        # would otherwise end the whole step, and with it every agent). The job succeeded
+        # when an agent was told so (exit 0 on the controller's "leave" order).
+        "pids=()",
+        'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
+        '  srun --nodes=1 --ntasks=1 --nodelist="$node" --no-kill --unbuffered \\',
+        "    " + " ".join(shlex.quote(a) for a in req.agent_argv) + " &",
+        '  pids+=("$!")',
+        "done",
+        "status=1",
+        'for pid in "${pids[@]}"; do wait "$pid" && status=0; done',
+        'exit "$status"',
+        "",
+    ]
+    return "\n".join(lines)

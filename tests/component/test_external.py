@@ -1,0 +1,255 @@
+"""The controller with an external scheduler (Slurm's seam, faked): placement inside the
+job's allocation, spares from it, requeue without the bad node, Slurm's own view."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from trainpod.api.models import HealthResult
+from trainpod.controller.core import Controller
+from trainpod.controller.ops import ClusterOps, ExternalJob, ExternalNode, Observed
+from trainpod.errors import SpecError
+from trainpod.spec.job import JobSpec
+from trainpod.store.repo import Store
+from trainpod.testing import FakeAgent, FakeClock, FakeGroup, make_config
+
+NODES = ["node1", "node2", "node3", "node4"]
+
+
+class FakeSlurm(ClusterOps):
+    places_jobs = False
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.next_id = 100
+
+    def render(self, job_id: int, spec: JobSpec) -> str:
+        return f"#!/bin/bash\n# job {job_id}: {spec.nodes}+{spec.spares}\n"
+
+    def submit(self, job_id: int, spec: JobSpec) -> str:
+        self.next_id += 1
+        self.calls.append(("submit", str(job_id), str(spec.nodes + spec.spares)))
+        return str(self.next_id)
+
+    def cancel(self, external: str) -> None:
+        self.calls.append(("cancel", external))
+
+    def requeue(self, external: str, exclude: list[str]) -> None:
+        self.calls.append(("requeue", external, *exclude))
+
+    def drain(self, node: str, reason: str) -> None:
+        self.calls.append(("drain", node))
+
+    def resume(self, node: str) -> None:
+        self.calls.append(("resume", node))
+
+
+class Slurmish:
+    def __init__(self, root: Path) -> None:
+        cfg = make_config(root, groups=(FakeGroup("workers", 4, devices=1),))
+        cfg = replace(
+            cfg,
+            backend="slurm",
+            nodes=[replace(d, name=n) for d, n in zip(cfg.nodes, NODES, strict=True)],
+        )
+        self.clock = FakeClock()
+        self.ops = FakeSlurm()
+        self.controller = Controller(Store.open(root / "db.sqlite"), cfg, clock=self.clock)
+        self.controller.ops = self.ops
+        self.controller.bootstrap()
+        self.agents: dict[str, FakeAgent] = {}
+
+    def allocate(self, job_id: int, nodes: list[str], round_: int = 0) -> None:
+        """Slurm runs the job: an agent per node registers with its allocation."""
+        for n in nodes:
+            a = FakeAgent(self.controller, n)
+            a.allocation = {
+                "allocation": job_id,
+                "allocation_round": round_,
+                "external_id": "",
+                "group": "workers",
+                "devices": 1,
+            }
+            self.agents[n] = a
+            a.beat()
+
+    def start(self, job_id: int) -> list[str]:
+        self.controller.step()
+        nodes = self.job(job_id).attempts[-1].nodes
+        for n in nodes:
+            self.agents[n].start_ranks(self.agents[n].beat())
+            self.agents[n].beat()
+        return nodes
+
+    def job(self, job_id: int):  # type: ignore[no-untyped-def]
+        return self.controller.job_info(job_id)
+
+    def node(self, name: str):  # type: ignore[no-untyped-def]
+        return next(n for n in self.controller.node_infos() if n.name == name)
+
+    def submit(self, nodes: int = 2, **kw: object) -> int:
+        spec = JobSpec(command=["train"], nodes=nodes, procs_per_node=1, **kw)  # type: ignore[arg-type]
+        return self.controller.submit(spec)
+
+    def gpu_fault(self, node: str) -> None:
+        a = self.agents[node]
+        a.health["gpu"] = HealthResult(check="gpu", status="fault", reason="XID 79")
+        a.beat()
+
+    def teardown(self, nodes: list[str]) -> None:
+        for n in nodes:
+            self.agents[n].kill_ranks(self.agents[n].beat())
+        for n in nodes:
+            self.agents[n].beat()
+        self.controller.step()
+
+    def kinds(self, job_id: int) -> list[str]:
+        return [e.kind for e in self.controller.event_infos(job_id=job_id)]
+
+
+@pytest.fixture
+def s(tmp_path: Path) -> Iterator[Slurmish]:
+    c = Slurmish(tmp_path)
+    yield c
+    c.controller.store.close()
+
+
+def test_submit_goes_to_slurm_and_nodes_appear_with_the_allocation(s: Slurmish) -> None:
+    job = s.submit(2, spares=1)
+    assert s.ops.calls == [("submit", str(job), "3")]
+    assert s.job(job).external == "101" and s.job(job).state == "queued"
+    assert s.controller.node_infos() == []  # Slurm nodes appear when an agent registers
+    s.allocate(job, ["node2"])
+    s.controller.step()
+    assert s.job(job).state == "queued"  # one agent of two
+    s.allocate(job, ["node3"])
+    s.controller.step()
+    # Enough agents for the ranks: it starts; the spare joins as soon as its agent is up.
+    assert s.job(job).state == "starting" and s.job(job).attempts[-1].nodes == ["node2", "node3"]
+    s.allocate(job, ["node4"])
+    assert s.node("node4").allocation == job and s.node("node4").state == "idle"
+
+
+def test_a_job_starts_on_its_own_allocation_only(s: Slurmish) -> None:
+    first = s.submit(2, spares=1)
+    second = s.submit(1)
+    s.allocate(second, ["node1"])
+    nodes = s.start(second)
+    assert nodes == ["node1"]
+    s.allocate(first, ["node2", "node3", "node4"])
+    assert s.start(first) == ["node2", "node3"]
+    assert s.node("node4").allocation == first and s.node("node4").state == "idle"
+
+
+def test_a_gpu_fault_drains_and_the_spare_in_the_allocation_takes_over(s: Slurmish) -> None:
+    job = s.submit(2, spares=1, auto_resume=True)
+    s.allocate(job, ["node1", "node2", "node3"])
+    nodes = s.start(job)
+    s.gpu_fault(nodes[1])
+    assert ("drain", nodes[1]) in s.ops.calls
+    s.teardown(nodes)
+    attempt = s.job(job).attempts[-1]
+    assert attempt.number == 2 and sorted(attempt.nodes) == ["node1", "node3"]
+    assert not any(c[0] == "requeue" for c in s.ops.calls)
+
+
+def test_without_a_spare_the_job_is_requeued_and_old_agents_leave(s: Slurmish) -> None:
+    job = s.submit(2, auto_resume=True)
+    s.allocate(job, ["node1", "node2"])
+    nodes = s.start(job)
+    s.gpu_fault("node1")
+    s.teardown(nodes)
+    assert ("requeue", "101", "node1") in s.ops.calls
+    info = s.job(job)
+    assert info.state == "queued" and "requeued" in info.reason
+    assert "job_requeued" in s.kinds(job)
+    # The old allocation's agents (round 0) are told to leave and never used again.
+    assert s.agents["node2"].beat().leave == 1
+    s.controller.step()
+    assert len(s.job(job).attempts) == 1
+    # Slurm runs it again (restart 1) on node2 and node3.
+    s.allocate(job, ["node2", "node3"], round_=1)
+    assert s.start(job) == ["node2", "node3"]
+    attempt = s.job(job).attempts[-1]
+    assert attempt.number == 2
+    assert s.controller.store.attempts(job)[-1].restart_reason.startswith("requeued")
+
+
+def test_agents_leave_with_the_job_result(s: Slurmish) -> None:
+    job = s.submit(1, spares=1)
+    s.allocate(job, ["node1", "node2"])
+    nodes = s.start(job)
+    s.agents[nodes[0]].exit_all(s.controller.store.attempts(job)[-1].id)
+    s.agents[nodes[0]].beat()
+    assert s.job(job).state == "completed"
+    assert s.agents["node1"].beat().leave == 0 and s.agents["node2"].beat().leave == 0
+
+
+def test_slurm_ending_the_job_ends_it_here(s: Slurmish) -> None:
+    job = s.submit(2)
+    s.allocate(job, ["node1", "node2"])
+    s.start(job)
+    s.controller.observe(Observed(jobs={"101": ExternalJob("101", "TIMEOUT")}, nodes={}))
+    info = s.job(job)
+    assert info.state == "failed" and "TIMEOUT" in info.reason
+    # Its agents are gone with the allocation: not a node fault.
+    s.clock.advance(60)
+    s.controller.step()
+    assert {s.node(n).state for n in ("node1", "node2")} == {"stopped"}
+
+
+def test_a_node_slurm_marks_down_is_quarantined_and_drained(s: Slurmish) -> None:
+    job = s.submit(2, spares=1, auto_resume=True)
+    s.allocate(job, ["node1", "node2", "node3"])
+    nodes = s.start(job)
+    down = ExternalNode(nodes[0], "DOWN", frozenset({"NOT_RESPONDING"}), "Not responding")
+    s.controller.observe(Observed(jobs={}, nodes={nodes[0]: down}))
+    assert s.node(nodes[0]).state == "quarantined"
+    assert ("drain", nodes[0]) in s.ops.calls
+    assert "external_node_down" in [e.kind for e in s.controller.event_infos()]
+
+
+def test_pending_reasons_come_from_slurm(s: Slurmish) -> None:
+    job = s.submit(2)
+    s.controller.observe(
+        Observed(jobs={"101": ExternalJob("101", "PENDING", "Dependency")}, nodes={})
+    )
+    assert s.job(job).reason == "pending in Slurm: Dependency"
+
+
+def test_cancel_scancels(s: Slurmish) -> None:
+    job = s.submit(2)
+    s.controller.cancel(job)
+    assert ("cancel", "101") in s.ops.calls and s.job(job).state == "cancelled"
+
+
+def test_slurm_options_are_refused_on_the_embedded_backend(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path)
+    c = Controller(Store.open(tmp_path / "db.sqlite"), cfg, clock=FakeClock())
+    c.bootstrap()
+    with pytest.raises(SpecError, match="--spares, --time only apply on a Slurm cluster"):
+        c.submit(JobSpec(command=["x"], spares=1, time_limit="10"))
+    c.store.close()
+
+
+def test_a_requeue_by_slurm_itself_ends_the_attempt_and_waits_for_the_new_allocation(
+    s: Slurmish,
+) -> None:
+    job = s.submit(2, spares=1, auto_resume=True)
+    s.allocate(job, ["node1", "node2", "node3"])
+    s.start(job)
+    # The batch host died: Slurm requeued the job on its own (NODE_FAIL, --requeue).
+    s.controller.observe(
+        Observed(jobs={"101": ExternalJob("101", "PENDING", "BeginTime", restarts=1)}, nodes={})
+    )
+    info = s.job(job)
+    assert info.state == "queued" and "Slurm requeued" in info.reason
+    assert info.attempts[-1].state == "failed"
+    assert s.agents["node2"].beat().leave == 1  # the old allocation's agents leave
+    s.allocate(job, ["node2", "node4"], round_=1)
+    assert s.start(job) == ["node2", "node4"]
+    assert s.job(job).attempts[-1].number == 2
