@@ -96,7 +96,8 @@ def test_stop_and_start_keep_state_and_skip_finished_lifecycle(
     pids = [p.pid for p in c.backend.processes()]
     stopped = c.backend.stop()
     assert "controller" in stopped and "agent-workers-0" in stopped
-    assert not any(pid_alive(p) for p in pids if p), [(p, psutil.Process(p).cmdline()) for p in pids if p and pid_alive(p)]
+    alive = [(p, psutil.Process(p).cmdline()) for p in pids if p and pid_alive(p)]
+    assert not alive
     assert not any(p.alive for p in c.backend.processes())
     c.backend.start()
     c.wait_idle()

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainpod.ckpt.coll import Coll
-from trainpod.ckpt.errors import ManifestError
 from trainpod.ckpt.manifest import METADATA, Manifest, hash_stream
 from trainpod.ckpt.records import Ctx
 from trainpod.ckpt.staging import to_state_dict
