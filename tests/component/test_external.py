@@ -44,6 +44,9 @@ class FakeSlurm(ClusterOps):
     def drain(self, node: str, reason: str) -> None:
         self.calls.append(("drain", node))
 
+    def release(self, external: str) -> None:
+        self.calls.append(("release", external))
+
     def resume(self, node: str) -> None:
         self.calls.append(("resume", node))
 
@@ -253,3 +256,49 @@ def test_a_requeue_by_slurm_itself_ends_the_attempt_and_waits_for_the_new_alloca
     s.allocate(job, ["node2", "node4"], round_=1)
     assert s.start(job) == ["node2", "node4"]
     assert s.job(job).attempts[-1].number == 2
+
+
+def test_a_job_slurm_held_after_a_failed_launch_is_released(s: Slurmish) -> None:
+    job = s.submit(2)
+    held = ExternalJob("101", "PENDING", "launch failed requeued held")
+    s.controller.observe(Observed(jobs={"101": held}, nodes={}))
+    s.controller.observe(Observed(jobs={"101": held}, nodes={}))
+    assert s.ops.calls.count(("release", "101")) == 1
+    assert s.job(job).reason == "pending in Slurm: launch failed requeued held"
+    assert "external_released" in s.kinds(job)
+
+
+def test_ranks_on_a_node_slurm_took_down_are_lost_when_its_agent_goes_silent(
+    s: Slurmish,
+) -> None:
+    job = s.submit(2, spares=1, auto_resume=True)
+    s.allocate(job, ["node1", "node2", "node3"])
+    s.start(job)
+    down = ExternalNode("node1", "DOWN", frozenset({"NOT_RESPONDING"}), "Not responding")
+    s.controller.observe(Observed(jobs={}, nodes={"node1": down}))
+    assert s.node("node1").state == "quarantined"
+    # node1's agent never answers again; the others tear their ranks down.
+    s.clock.advance(30)
+    for n in ("node2", "node3"):
+        s.agents[n].kill_ranks(s.agents[n].beat())
+        s.agents[n].beat()
+    s.controller.step()
+    attempt = s.job(job).attempts[-1]
+    assert attempt.number == 2 and sorted(attempt.nodes) == ["node2", "node3"]
+
+
+def test_a_slurm_job_that_outlives_its_trainpod_job_is_cancelled(s: Slurmish) -> None:
+    job = s.submit(1)
+    s.allocate(job, ["node1"])
+    (node,) = s.start(job)
+    s.agents[node].exit_all(s.controller.store.attempts(job)[-1].id)
+    s.agents[node].beat()
+    assert s.job(job).state == "completed"
+    running = Observed(jobs={"101": ExternalJob("101", "RUNNING")}, nodes={})
+    s.controller.observe(running)
+    assert ("cancel", "101") not in s.ops.calls  # its agents may still be leaving
+    s.clock.advance(11)
+    s.controller.observe(running)
+    s.controller.observe(running)
+    assert s.ops.calls.count(("cancel", "101")) == 1
+    assert "external_reaped" in s.kinds(job)

@@ -25,7 +25,6 @@ from trainpod.backends.slurm import SlurmBackend
 from trainpod.cli.jobs import default_env
 from trainpod.client.http import TrainpodClient
 from trainpod.paths import ClusterPaths, read_secret
-from trainpod.slurm.hostlist import expand
 from trainpod.spec.job import JobSpec
 from trainpod.spec.loading import load_cluster_spec
 from trainpod.testing.wait import wait_until
@@ -353,33 +352,6 @@ def test_a_node_that_passes_the_deep_check_is_resumed_in_slurm(cluster: SlurmClu
 
 def _trainpod_node(c: SlurmCluster, name: str) -> NodeInfo:
     return next(n for n in c.client.nodes() if n.name == name)
-
-
-def test_losing_the_batch_host_still_finishes_and_leaves_no_slurm_job(
-    cluster: SlurmCluster,
-) -> None:
-    """The node running the batch script dies. With --no-kill Slurm shrinks the allocation
-    and keeps the job (no requeue); trainpod heals on the spare if it was in use, the job
-    finishes, and trainpod then ends the Slurm job, whose batch script is gone."""
-    job = cluster.train(400, nodes=2, spares=1, auto_resume=True)
-    cluster.wait_step(job.id, 5)
-    first = cluster.slurm_job(job.external)["nodes"]
-    batch_host = sorted(expand(str(first)))[0]
-    cluster.slurm.kill_node(batch_host)
-    done = cluster.wait_job(job.id, timeout_s=240)
-    assert done.state == "completed", done.reason
-    assert final_value(cluster, done) == expected_value(2, 400)
-    assert batch_host not in done.attempts[-1].nodes
-    wait_until(
-        lambda: cluster.slurm_job(job.external)["job_state"] != "RUNNING",
-        timeout_s=60,
-        what="the orphaned Slurm job to be ended",
-    )
-    wait_until(
-        lambda: "external_reaped" in [k for k, _ in cluster.events(job.id)],
-        timeout_s=10,
-        what="the reap to be recorded",
-    )
 
 
 def test_alloc_runs_the_job_under_salloc_in_the_foreground(cluster: SlurmCluster) -> None:

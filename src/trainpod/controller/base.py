@@ -69,6 +69,7 @@ class ControllerBase:
         self.ops: ClusterOps = ClusterOps()  # the external scheduler's seam (Slurm); none
         self._stale_agents: set[str] = set()
         self._reaped: set[int] = set()  # jobs whose orphaned Slurm job was cancelled
+        self._released: set[tuple[int, str]] = set()  # Slurm holds already released
         self._mtbf: dict[int, dict[str, str]] = {}  # attempt -> observed MTBF env
 
     # -- wake-ups -------------------------------------------------------------------------

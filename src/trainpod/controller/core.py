@@ -562,9 +562,14 @@ class Controller(RecoveryMixin):
     def _check_liveness(self, now: float) -> None:
         timeout = self.cfg.heartbeat_timeout_s
         for node in self.store.nodes():
-            if node.state not in _LIVE_NODE_STATES or node.last_heartbeat is None:
+            if node.last_heartbeat is None or node.agent_id is None:
                 continue
-            if node.agent_id is None or now - node.last_heartbeat <= timeout:
+            if now - node.last_heartbeat <= timeout:
+                continue
+            if node.state not in _LIVE_NODE_STATES:
+                # Already taken out (quarantined: Slurm saw it DOWN first), but its agent has
+                # gone silent too: its ranks are lost, or their attempt would wait forever.
+                self._lose_silent_ranks(node.name, now)
                 continue
             if self._allocation_gone(node, now):
                 continue
@@ -587,6 +592,19 @@ class Controller(RecoveryMixin):
                 fault_at=node.last_heartbeat,
             )
             self._bump()
+
+    def _lose_silent_ranks(self, node: str, now: float) -> None:
+        for attempt in self.store.active_attempts():
+            if node not in attempt.nodes:
+                continue
+            lost = False
+            for r in self.store.ranks(attempt.id):
+                if r.node == node and not r.state.ended:
+                    self._lose_rank(attempt, r.rank, node, now, "node heartbeat lost")
+                    lost = True
+            if lost:
+                self._reconcile(attempt.id, now, {})
+                self._bump()
 
     def _check_progress(self, now: float) -> None:
         """Hangs (no beacon for hang_timeout_s) and persistent stragglers."""

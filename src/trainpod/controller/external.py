@@ -34,6 +34,7 @@ class ExternalMixin(ControllerBase):
     ops: ClusterOps
     _stale_agents: set[str]
     _reaped: set[int]
+    _released: set[tuple[int, str]]
     """Agents of a requeued or ended allocation: told to leave, never used."""
 
     @property
@@ -181,9 +182,7 @@ class ExternalMixin(ControllerBase):
                 elif ext.restarts > self._requeues(job.id):
                     self._requeued_by_slurm(job, ext.restarts, now)
                 elif job.state is JobState.QUEUED and ext.state == "PENDING":
-                    why = f"pending in Slurm: {ext.reason}" if ext.reason else "pending in Slurm"
-                    if job.reason != why and not job.reason.startswith("requeued"):
-                        self.store.update_job(job.id, now, reason=why)
+                    self._pending(job, ext.id, ext.reason, now)
             self._reap_orphans(obs, now)
             for node in self.store.nodes():
                 seen = obs.nodes.get(node.name)
@@ -193,6 +192,24 @@ class ExternalMixin(ControllerBase):
                     continue
                 self._slurm_down(node, seen.reason or seen.state, now)
             self._bump()
+
+    def _pending(self, job: JobRow, external: str, reason: str, now: float) -> None:
+        """Show why Slurm keeps the job pending; release a job Slurm held after a failed
+        launch (a node died under a requeued job): trainpod handles node faults itself."""
+        base = (
+            job.reason.split("; pending in Slurm")[0] if job.reason.startswith("requeued") else ""
+        )
+        why = "pending in Slurm" + (f": {reason}" if reason else "")
+        why = f"{base}; {why}" if base else why
+        if job.reason != why:
+            self.store.update_job(job.id, now, reason=why)
+        held = "launch failed" in reason.lower() or "requeued held" in reason.lower()
+        if held and not job.cancel_requested and (job.id, reason) not in self._released:
+            self._released.add((job.id, reason))
+            if self._ops_call("release", now, self.ops.release, external, job_id=job.id):
+                self.store.add_event(
+                    now, "external_released", job_id=job.id, external_id=external, reason=reason
+                )
 
     def _slurm_down(self, node: NodeRow, why: str, now: float) -> None:
         raise NotImplementedError  # the recovery mixin quarantines

@@ -82,6 +82,9 @@ class ClusterOps:
     def requeue(self, external: str, exclude: list[str]) -> None:
         pass
 
+    def release(self, external: str) -> None:
+        """Release a job the external scheduler holds."""
+
     def drain(self, node: str, reason: str) -> None:
         pass
 

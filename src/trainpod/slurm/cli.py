@@ -95,6 +95,9 @@ class Slurm:
     def scancel(self, job: str) -> None:
         self.run(["scancel", job])
 
+    def release(self, job: str) -> None:
+        self.run(["scontrol", "release", job])
+
     def requeue(self, job: str) -> None:
         self.run(["scontrol", "requeue", job])
 

@@ -120,6 +120,9 @@ class SlurmOps(ClusterOps):
             time.sleep(0.5)
         log.warning("could not exclude %s from Slurm job %s in %gs", exclude, external, timeout_s)
 
+    def release(self, external: str) -> None:
+        self.slurm.release(external)
+
     def drain(self, node: str, reason: str) -> None:
         text = " ".join(f"trainpod: {reason}".split())[:REASON_MAX]
         self.slurm.drain(node, text)
