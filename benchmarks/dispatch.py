@@ -10,12 +10,11 @@ drifts in the box's load hit all of them alike) and their bursts run one after t
 * ``slurm``: trainpod on Slurm. A private Slurm is started with ``scripts/slurm-ci up --dir
   DIR`` (4 nodes x 8 CPUs on this machine, deliberately oversubscribed; it installs Slurm
   if needed) and a ``backend: slurm`` cluster ``bench-slurm`` (node[1-4], 1 device each,
-  ``slurm.conf`` = DIR/slurm.conf, ``sbatch_options: [--exclusive]``) is created. Each
+  ``slurm.conf`` = DIR/slurm.conf) is created. Each
   trainpod job is a Slurm batch job whose script ``srun``s one trainpod agent per node; the
   agent registers, the controller starts the rank on it, and the agent leaves when the job
-  has ended. ``--exclusive`` because trainpod's Slurm jobs must own their nodes: without it
-  Slurm packs 1-node jobs onto one node, where the second agent cannot start (its node's
-  beacon socket is taken) and its job fails. The agents run with
+  has ended. trainpod's Slurm jobs ask for whole nodes (``--exclusive``, in every batch
+  script). The agents run with
   ``TRAINPOD_WARM_START=0`` (``--slurm-warm-start`` keeps the default): an agent lives for
   one job, so a warm zygote (torch preloaded) would cost an import per job and serve no rank
   (``python -c`` and ``/bin/true`` always start cold).
@@ -140,9 +139,6 @@ instance_groups:
     slurm: {{nodes: "{nodes}"}}
 slurm:
   conf: {conf}
-  # One trainpod job per Slurm node: without it Slurm packs 1-node jobs onto one node and
-  # the second agent there fails (its beacon socket is taken), failing its job.
-  sbatch_options: ["--exclusive"]
 partitions:
   - {{name: debug, groups: [workers], default: true}}
 """
