@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from trainpod.api.models import JobInfo
@@ -136,10 +137,16 @@ def cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie, or a process reaped while we look, does not.
+
+    Reading ``/proc/PID/stat`` by hand raced the reaper (ESRCH, ProcessLookupError, while the
+    kernel tore the entry down); psutil turns every such case into NoSuchProcess.
+    """
+    if not psutil.pid_exists(pid):
+        return False
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # ZombieProcess is a NoSuchProcess too
         return False
 
 
