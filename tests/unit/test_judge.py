@@ -16,7 +16,7 @@ from trainpod.controller.judge import (
     first_failure,
     judge,
 )
-from trainpod.controller.states import AttemptState, RankState
+from trainpod.model.states import AttemptState, RankState
 from trainpod.store.rows import AttemptRow, RankRow
 
 A, R = AttemptState, RankState

@@ -8,7 +8,7 @@ import pytest
 
 from trainpod.api.models import Heartbeat, LifecycleStatus
 from trainpod.controller.nodes import node_state_after_heartbeat
-from trainpod.controller.states import (
+from trainpod.model.states import (
     ATTEMPT_TRANSITIONS,
     JOB_TRANSITIONS,
     NODE_TRANSITIONS,

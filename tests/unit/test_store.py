@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainpod.controller.states import AttemptState, JobState, NodeState, RankState
 from trainpod.errors import Fatal
+from trainpod.model.states import AttemptState, JobState, NodeState, RankState
 from trainpod.store.db import migrate, open_db, schema_version
 from trainpod.store.migrations import MIGRATIONS
 from trainpod.store.repo import Store

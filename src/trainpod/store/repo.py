@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from trainpod.controller.states import AttemptState, JobState, NodeState, RankState
+from trainpod.model.states import AttemptState, JobState, NodeState, RankState
 from trainpod.store.db import open_db
 from trainpod.store.rows import AttemptRow, EventRow, JobRow, NodeRow, RankRow
 

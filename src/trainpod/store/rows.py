@@ -7,7 +7,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainpod.controller.states import AttemptState, JobState, NodeState, RankState
+from trainpod.model.states import AttemptState, JobState, NodeState, RankState
 
 
 @dataclass(frozen=True)
