@@ -12,18 +12,16 @@ from __future__ import annotations
 import bisect
 import json
 import logging
-import selectors
 import socket
 import statistics
 import threading
-import time
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainpod.agent.unixsock import bind_seqpacket
+from trainpod.agent.unixsock import SeqpacketServer
 from trainpod.beacon import WIRE_VERSION
 from trainpod.clock import Clock, SystemClock
 
@@ -284,88 +282,46 @@ class BeaconServer:
         """Valid beacons booked so far."""
         self.bad = 0
         """Messages that were not valid beacons (ignored)."""
-        self._closing = False
-        self._accept_paused_until: float | None = None
-        self._listener = bind_seqpacket(self.path, mode, what="beacons", backlog=LISTEN_BACKLOG)
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._listener, selectors.EVENT_READ)
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
-        self._thread = threading.Thread(
-            target=self._run, name=f"beacons:{self.path.name}", daemon=True
+        self._batch: list[Beacon] = []  # parsed in one wake-up of the server's thread
+        self._server = SeqpacketServer(
+            self.path,
+            self._drain,
+            what="beacons",
+            backlog=LISTEN_BACKLOG,
+            mode=mode,
+            after_wake=self._book_batch,
+            thread_name=f"beacons:{self.path.name}",
         )
-        self._thread.start()
 
     @property
     def connections(self) -> int:
         """Open sender connections (one per live training process that has reported)."""
-        watched = len(self._selector.get_map() or {})
-        return max(0, watched - (1 if self._accept_paused_until is not None else 2))
+        return self._server.connections
 
     @property
     def alive(self) -> bool:
         """Whether the receiver thread is booking beacons (False after close or a crash)."""
-        return self._thread.is_alive() and not self._closing
+        return self._server.alive
 
-    def _run(self) -> None:
-        try:
-            self._loop()
-        except BaseException:
-            # Say so loudly: without the receiver every attempt on this node would look hung.
-            log.exception("the beacon receiver on %s died; beacons are no longer booked", self.path)
-            raise
+    def _book_batch(self) -> None:
+        parsed = self._batch
+        if parsed:
+            self._batch = []
+            self.received += len(parsed)
+            self.book.record_many(parsed, self.book.clock.now())
 
-    def _loop(self) -> None:
-        select, listener, wake = self._selector.select, self._listener, self._wake_r
-        while not self._closing:
-            timeout = None
-            if self._accept_paused_until is not None:
-                timeout = max(0.0, self._accept_paused_until - time.monotonic())
-                if timeout == 0.0:
-                    self._accept_paused_until = None
-                    self._selector.register(listener, selectors.EVENT_READ)
-                    timeout = None
-            parsed: list[Beacon] = []
-            for key, _ in select(timeout):
-                conn = key.fileobj
-                if conn is listener:
-                    self._accept()
-                elif conn is not wake:
-                    self._drain(conn, parsed)  # type: ignore[arg-type]  # only sockets registered
-            if parsed:
-                self.received += len(parsed)
-                self.book.record_many(parsed, self.book.clock.now())
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                # EMFILE and the like: the connection stays queued and the listener readable;
-                # stop watching it for a while rather than spin on it.
-                log.warning("cannot accept a beacon connection (%s); retrying in 1 s", exc)
-                self._selector.unregister(self._listener)
-                self._accept_paused_until = time.monotonic() + 1.0
-                return
-            conn.setblocking(False)
-            self._selector.register(conn, selectors.EVENT_READ)
-
-    def _drain(self, conn: socket.socket, parsed: list[Beacon]) -> None:
-        """Read every queued message of one connection; close it on EOF or error."""
-        recv, parse = conn.recv, parse_beacon
+    def _drain(self, conn: socket.socket) -> bool:
+        """Read every queued message of one connection; False (close it) on EOF or error."""
+        recv, parse, parsed = conn.recv, parse_beacon, self._batch
         while True:
             try:
                 data = recv(MAX_MESSAGE)
             except (BlockingIOError, InterruptedError):
-                return
+                return True
             except OSError:
                 data = b""
             if not data:  # the sender closed (exited); SEQPACKET has no empty messages
-                self._selector.unregister(conn)
-                conn.close()
-                return
+                return False
             beacon = parse(data)
             if beacon is None:
                 self.bad += 1
@@ -375,24 +331,7 @@ class BeaconServer:
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop receiving, close every connection and remove the socket file. Idempotent;
         blocks up to ``timeout_s`` for the receiver thread."""
-        if self._closing:
-            return
-        self._closing = True
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-        self._thread.join(timeout_s)
-        for key in list((self._selector.get_map() or {}).values()):
-            key.fileobj.close()  # type: ignore[union-attr]  # only sockets registered
-        if self._accept_paused_until is not None:
-            self._listener.close()
-        self._selector.close()
-        self._wake_w.close()
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+        self._server.close(timeout_s)
 
     def __enter__(self) -> BeaconServer:
         return self

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import selectors
 import shutil
 import socket
 import subprocess
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from trainpod.agent.unixsock import bind_seqpacket
+from trainpod.agent.unixsock import SeqpacketServer
 from trainpod.api.models import CheckpointReport, CheckpointUpload
 from trainpod.ckpt.handoff import MAX_MESSAGE, WIRE_VERSION, TierConfig
 from trainpod.ckpt.layout import SHM_ROOT
@@ -136,13 +135,14 @@ class CheckpointHub:
         self._known: dict[int, set[str]] = self._load_state()
         self._closing = False
         self._finishers: list[threading.Thread] = []
-        self._listener = bind_seqpacket(self.path, mode, what="checkpoints", backlog=64)
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(self._listener, selectors.EVENT_READ)
-        self._sel.register(self._wake_r, selectors.EVENT_READ)
-        self._thread = threading.Thread(target=self._serve, name="ckpt-hub", daemon=True)
-        self._thread.start()
+        self._server = SeqpacketServer(
+            self.path,
+            self._answer,
+            what="checkpoints",
+            backlog=64,
+            mode=mode,
+            thread_name="ckpt-hub",
+        )
 
     # -- the controller's side ----------------------------------------------------------
     def reports(self) -> list[CheckpointReport]:
@@ -225,54 +225,19 @@ class CheckpointHub:
         if self._closing:
             return
         self._closing = True
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-        self._thread.join(5.0)
-        for key in list((self._sel.get_map() or {}).values()):
-            key.fileobj.close()  # type: ignore[union-attr]  # only sockets registered
-        self._sel.close()
-        self._wake_w.close()
-        self.path.unlink(missing_ok=True)
+        self._server.close()
         with self._lock:
             jobs = list(self._jobs.values())
         for j in jobs:
             _close_stdin(j.proc)
 
     # -- the socket ---------------------------------------------------------------------
-    def _serve(self) -> None:
-        try:
-            while not self._closing:
-                for key, _ in self._sel.select():
-                    conn = key.fileobj
-                    if conn is self._listener:
-                        self._accept()
-                    elif conn is not self._wake_r:
-                        assert isinstance(conn, socket.socket)
-                        self._answer(conn)
-        except BaseException:
-            if not self._closing:
-                log.exception("the checkpoint hand-off server on %s died", self.path)
-            raise
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                log.warning("cannot accept a checkpoint hand-off connection: %s", exc)
-                return
-            conn.setblocking(False)
-            self._sel.register(conn, selectors.EVENT_READ)
-
-    def _answer(self, conn: socket.socket) -> None:
+    def _answer(self, conn: socket.socket) -> bool:
+        """One request, one reply, then the connection is closed (False)."""
         try:
             data = conn.recv(MAX_MESSAGE)
         except (BlockingIOError, InterruptedError):
-            return
+            return True
         except OSError:
             data = b""
         if data:
@@ -284,8 +249,7 @@ class CheckpointHub:
                 conn.send(json.dumps(reply, default=str).encode()[:MAX_MESSAGE])
             except OSError:
                 pass
-        self._sel.unregister(conn)
-        conn.close()
+        return False
 
     def handle(self, msg: Any) -> dict[str, Any]:
         """Answer one request (see :mod:`trainpod.ckpt.handoff`). Never raises."""
