@@ -95,4 +95,28 @@ MIGRATIONS: list[str] = [
     ALTER TABLE jobs ADD COLUMN external TEXT NOT NULL DEFAULT '';
     ALTER TABLE nodes ADD COLUMN allocation INTEGER;
     """,
+    # 4: the event log indexed for what it is queried by (kind, node, time, a job's kinds),
+    # and a retention: Store.prune_events may delete old events, never a live job's. A
+    # delete is refused unless the meta row prune_before (set only inside prune_events'
+    # transaction) is there; while it is, an event that is not older than it, or that
+    # belongs to a job that has not ended, is kept (skipped) whatever the DELETE says.
+    """
+    CREATE INDEX events_kind ON events(kind, ts);
+    CREATE INDEX events_node ON events(node);
+    CREATE INDEX events_ts ON events(ts);
+    CREATE INDEX events_job_kind ON events(job_id, kind);
+    DROP TRIGGER events_no_delete;
+    CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+        WHEN (SELECT value FROM meta WHERE key = 'prune_before') IS NULL
+        BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+    CREATE TRIGGER events_retention BEFORE DELETE ON events
+        WHEN (SELECT value FROM meta WHERE key = 'prune_before') IS NOT NULL AND NOT (
+            OLD.ts < (SELECT CAST(value AS REAL) FROM meta WHERE key = 'prune_before')
+            AND NOT EXISTS (
+                SELECT 1 FROM jobs WHERE id = OLD.job_id
+                AND state NOT IN ('completed', 'failed', 'cancelled')
+            )
+        )
+        BEGIN SELECT RAISE(IGNORE); END;
+    """,
 ]

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from trainpod.model.events import Event, Recorded, recorded
 from trainpod.model.states import AttemptState, JobState, NodeState, RankState
 from trainpod.store.db import open_db
 from trainpod.store.rows import AttemptRow, EventRow, JobRow, NodeRow, RankRow
@@ -114,6 +115,24 @@ class Store:
         attempt: int | None = None,
         **data: Any,
     ) -> int:
+        """Append an event given as its kind and payload; prefer :meth:`append`."""
+        return self._insert_event(ts, kind, node, job_id, attempt, data)
+
+    def append(self, ts: float, event: Event) -> int:
+        """Append ``event`` to the log (at ``ts``); return its id. The row is exactly what
+        :meth:`add_event` writes for the same kind and payload."""
+        node, job_id, attempt = event.columns()
+        return self._insert_event(ts, event.kind, node, job_id, attempt, event.to_row_data())
+
+    def _insert_event(
+        self,
+        ts: float,
+        kind: str,
+        node: str | None,
+        job_id: int | None,
+        attempt: int | None,
+        data: dict[str, Any],
+    ) -> int:
         cur = self._conn.execute(
             "INSERT INTO events(ts, kind, node, job_id, attempt, data) VALUES(?,?,?,?,?,?)",
             (ts, kind, node, job_id, attempt, json.dumps(data, sort_keys=True, default=str)),
@@ -141,6 +160,37 @@ class Store:
             sql += " LIMIT ?"
             args.append(limit)
         return [EventRow.from_sql(r) for r in self._conn.execute(sql, args)]
+
+    def typed_events(
+        self,
+        *,
+        job_id: int | None = None,
+        node: str | None = None,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[Recorded]:
+        """:meth:`events`, each parsed into its event type (see ``trainpod.model.events``)."""
+        rows = self.events(job_id=job_id, node=node, after=after, limit=limit)
+        return [recorded(r) for r in rows]
+
+    def prune_events(self, now: float, keep_days: float) -> int:
+        """Delete the events older than ``keep_days`` days, except every event of a job that
+        has not ended; return how many were deleted. Idempotent.
+
+        The log is append-only by trigger: a delete is refused unless the ``prune_before``
+        meta row, set only here and only for this transaction, allows it, and even then an
+        event of a live job is kept (see migration 4)."""
+        cutoff = now - keep_days * 86_400.0
+        ended = [s.value for s in JobState if s.ended]
+        with self.transaction():
+            self.set_meta("prune_before", repr(cutoff))
+            cur = self._conn.execute(
+                "DELETE FROM events WHERE ts < ? AND (job_id IS NULL OR job_id NOT IN "
+                f"(SELECT id FROM jobs WHERE state NOT IN ({','.join('?' * len(ended))})))",
+                [cutoff, *ended],
+            )
+            self._conn.execute("DELETE FROM meta WHERE key = 'prune_before'")
+        return int(cur.rowcount)
 
     def has_event(self, job_id: int, kind: str, attempt: int | None = None) -> bool:
         row = self._conn.execute(
