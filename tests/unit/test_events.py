@@ -508,7 +508,7 @@ def test_an_unknown_kind_is_kept_whole_and_never_raises() -> None:
 
 
 def test_a_row_without_what_its_kind_needs_is_unknown() -> None:
-    no_new = EventRow(5, 1.0, "job_state", None, 3, None, {"old": "queued"})
+    no_new = EventRow(5, 1.0, "job_state", None, 3, None, {"old": "queued", "new": None})
     assert isinstance(ev.parse(no_new), ev.UnknownEvent)
     bad_state = EventRow(5, 1.0, "node_state", "n-0", None, None, {"old": "idle", "new": "?"})
     assert isinstance(ev.parse(bad_state), ev.UnknownEvent)
@@ -532,6 +532,8 @@ def test_an_old_row_missing_optional_keys_reads_with_defaults() -> None:
     assert ev.parse(EventRow(6, 1.0, "controller_started", None, None, None, {})) == (
         ev.ControllerStarted(restarted=False)
     )
+    no_old = ev.parse(EventRow(7, 2.0, "job_state", None, 3, None, {"new": "cancelled"}))
+    assert no_old == ev.JobStateChanged(job_id=3, old=None, new=JobState.CANCELLED)
     beacon = ev.parse(EventRow(7, 2.0, "first_beacon", None, 3, 1, {"at": 1.5}))
     assert beacon == ev.FirstBeacon(node=None, job_id=3, attempt=1, rank=None, at=1.5, step=None)
 

@@ -190,3 +190,9 @@ def test_whatever_an_agent_reports_moves_its_node_legally(
         assert target is N.STOPPED
     elif lifecycle == "ok":
         assert target is (N.IDLE if job_id is None else N.ALLOCATED)
+
+
+def test_states_print_as_their_values() -> None:
+    assert (str(JobState.RUNNING), f"{NodeState.IDLE:>6}") == ("running", "  idle")
+    assert f"{AttemptState.FAILED}" == "failed" and JobState("failed") is JobState.FAILED
+    assert JobState.FAILED == "failed" and JobState.FAILED in {"failed"}

@@ -308,7 +308,7 @@ def _register(cls: _E) -> _E:
 class NodeStateChanged(KnownEvent):
     kind = "node_state"
     node: str
-    old: NodeState
+    old: NodeState | None
     new: NodeState
     reason: str = ""
 
@@ -495,7 +495,7 @@ class CancelRequested(KnownEvent):
 class JobStateChanged(KnownEvent):
     kind = "job_state"
     job_id: int
-    old: JobState
+    old: JobState | None
     new: JobState
     reason: str = ""
 
@@ -555,7 +555,7 @@ class AttemptStateChanged(KnownEvent):
     kind = "attempt_state"
     job_id: int
     attempt: int
-    old: AttemptState
+    old: AttemptState | None
     new: AttemptState
     cause: str = ""
 

@@ -11,7 +11,18 @@ import enum
 from typing import TypeVar
 
 
-class NodeState(str, enum.Enum):
+class _State(str, enum.Enum):
+    """A state that prints as its value (``f"{JobState.RUNNING}"`` is ``running``), as the
+    API and CLI show it; ``enum.StrEnum`` once Python 3.10 is not supported."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class NodeState(_State):
     PROVISIONING = "provisioning"  # known from the spec, agent not heard from yet
     SETTING_UP = "setting_up"  # agent up, lifecycle scripts running
     IDLE = "idle"
@@ -24,7 +35,7 @@ class NodeState(str, enum.Enum):
     STOPPED = "stopped"  # agent shut down on purpose (cluster stop)
 
 
-class JobState(str, enum.Enum):
+class JobState(_State):
     QUEUED = "queued"
     STARTING = "starting"
     RUNNING = "running"
@@ -40,7 +51,7 @@ class JobState(str, enum.Enum):
         return self in _JOB_ENDED
 
 
-class AttemptState(str, enum.Enum):
+class AttemptState(_State):
     LAUNCHING = "launching"  # orders sent, not every rank seen running yet
     RUNNING = "running"
     STOPPING = "stopping"  # teardown ordered; waiting for every rank to end
@@ -53,7 +64,7 @@ class AttemptState(str, enum.Enum):
         return self in (AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED)
 
 
-class RankState(str, enum.Enum):
+class RankState(_State):
     PENDING = "pending"
     RUNNING = "running"
     EXITED = "exited"  # exit code or signal known

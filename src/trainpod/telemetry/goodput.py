@@ -9,12 +9,23 @@ The buckets are defined in ``trainpod.telemetry``'s docstring.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from trainpod.api.models import EventInfo, JobInfo
+from trainpod.model.events import (
+    AttemptCreated,
+    AttemptProgress,
+    AttemptStateChanged,
+    FaultClassified,
+    FaultDetected,
+    FirstBeacon,
+    RankStarted,
+    RecoveryDecision,
+    parse,
+)
+from trainpod.model.states import AttemptState, JobState
 
 BUCKETS = (  # in display order
     "queued",
@@ -31,8 +42,8 @@ BUCKETS = (  # in display order
     "shutdown",
     "unaccounted",
 )
-_ATTEMPT_ENDED = {"failed", "succeeded", "cancelled"}
-_JOB_ENDED = {"completed", "failed", "cancelled"}
+_ATTEMPT_ENDED = frozenset(s.value for s in AttemptState if s.ended)
+_JOB_ENDED = frozenset(s.value for s in JobState if s.ended)
 _RETRY = {"restart", "wait"}
 _EPS = 1e-3  # seconds of overlap or inversion worth a note (below: clock jitter)
 
@@ -97,21 +108,6 @@ class GoodputReport:
         return asdict(self)
 
 
-def _num(d: dict[str, Any], key: str, default: float | None = None) -> float | None:
-    v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        return default
-    return float(v)
-
-
-def _int(d: dict[str, Any], key: str) -> int | None:
-    return None if (v := _num(d, key)) is None else int(v)
-
-
-def _names(v: Any) -> list[str]:  # a list, or a dict's keys (old → new), or one name
-    return [str(x) for x in v] if isinstance(v, list | tuple | dict) else [str(v)] if v else []
-
-
 def _min(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 
@@ -147,61 +143,58 @@ def _collect(job: JobInfo, evs: list[EventInfo], notes: list[str]) -> tuple[list
     atts: dict[int, AttemptTimeline] = {}
     faults: list[FaultRecord] = []
     replaced: dict[int, list[str]] = {}
-    for e in evs:
-        d = e.data
-        if e.attempt is None:  # job-level (job_state, ...): the job record has what we need
+    for row in evs:
+        n, ts = row.attempt, row.ts
+        if n is None:  # job-level (job_state, ...): the job record has what we need
             continue
-        a = atts.setdefault(e.attempt, AttemptTimeline(e.attempt))
-        if e.kind == "attempt_created":
-            a.created_at = _min(a.created_at, e.ts)
-            a.nodes = _names(d.get("nodes")) or a.nodes
-        elif e.kind == "rank_started":
-            a.first_rank_at = _min(a.first_rank_at, _num(d, "started_at", e.ts))
-        elif e.kind == "first_beacon":
-            a.first_beacon_at = _min(a.first_beacon_at, _num(d, "at", e.ts))
-            a.first_step = a.first_step if a.first_step is not None else _int(d, "step")
-        elif e.kind == "fault_detected":
-            fault_at = _num(d, "fault_at")
-            if fault_at is None:
-                notes.append(f"attempt {e.attempt}: fault without fault_at; used detection time")
-                fault_at = e.ts
-            faults.append(
-                f := FaultRecord(
-                    e.attempt,
-                    str(d.get("fault") or "unknown"),
-                    fault_at,
-                    e.ts,
-                    str(d.get("reason") or ""),
-                    _int(d, "rank"),
-                    _names(d.get("nodes")),
+        a = atts.setdefault(n, AttemptTimeline(n))
+        match parse(row):
+            case AttemptCreated() as e:
+                a.created_at = _min(a.created_at, ts)
+                a.nodes = list(e.nodes) or a.nodes
+            case RankStarted() as e:
+                a.first_rank_at = _min(
+                    a.first_rank_at, ts if e.started_at is None else e.started_at
                 )
-            )
-            if a.fault is None or (a.fault == "straggler" and f.fault != "straggler"):
-                a.fault, a.fault_at, a.detected_at = f.fault, f.fault_at, f.detected_at
-        elif e.kind == "fault_classified" and d.get("fault"):  # what the fault turned out to be
-            a.fault = str(d["fault"])
-            faults[:] = [
-                replace(f, fault=a.fault, nodes=_names(d.get("nodes")) or f.nodes)
-                if f.attempt == e.attempt
-                else f
-                for f in faults
-            ]
-        elif e.kind == "attempt_state" and a.state not in _ATTEMPT_ENDED and d.get("new"):
-            a.state, a.cause = str(d["new"]), str(d.get("cause") or a.cause)
-            a.ended_at = e.ts if a.state in _ATTEMPT_ENDED else None
-        elif e.kind == "attempt_progress":
-            a.first_step = _int(d, "first_step") if "first_step" in d else a.first_step
-            a.last_step = _int(d, "last_step")
-            a.first_beacon_at = _min(a.first_beacon_at, _num(d, "first_beacon_at"))
-            a.last_beacon_at = _num(d, "last_beacon_at")
-            step_time = _num(d, "step_time_s")  # a median; 0 or less is no answer
-            a.step_time_s = step_time if step_time is not None and step_time > 0 else None
-            a.checkpoint_stall_s = max(0.0, _num(d, "checkpoint_stall_s") or 0.0)
-            a.last_checkpoint_step = _int(d, "last_checkpoint_step")
-        elif e.kind == "recovery_decision":
-            a.recovery = str(d.get("action") or "")
-            a.waiting_since = _min(a.waiting_since, e.ts if a.recovery == "wait" else None)
-            replaced[e.attempt] = _names(d.get("replaced")) or replaced.get(e.attempt, [])
+            case FirstBeacon() as e:
+                a.first_beacon_at = _min(a.first_beacon_at, ts if e.at is None else e.at)
+                a.first_step = a.first_step if a.first_step is not None else e.step
+            case FaultDetected() as e:
+                fault_at = e.fault_at
+                if fault_at is None:
+                    notes.append(f"attempt {n}: fault without fault_at; used detection time")
+                    fault_at = ts
+                cause = e.cause or "unknown"
+                faults.append(
+                    f := FaultRecord(n, cause, fault_at, ts, e.reason, e.rank, list(e.nodes))
+                )
+                if a.fault is None or (a.fault == "straggler" and f.fault != "straggler"):
+                    a.fault, a.fault_at, a.detected_at = f.fault, f.fault_at, f.detected_at
+            case FaultClassified() as e if e.cause:  # what the fault turned out to be
+                a.fault = e.cause
+                faults[:] = [
+                    replace(f, fault=e.cause, nodes=list(e.nodes) or f.nodes)
+                    if f.attempt == n
+                    else f
+                    for f in faults
+                ]
+            case AttemptStateChanged() as e if a.state not in _ATTEMPT_ENDED:
+                a.state, a.cause = e.new.value, e.cause or a.cause
+                a.ended_at = ts if e.new.ended else None
+            case AttemptProgress() as e:
+                # A summary without a first step keeps the one the first beacon gave.
+                a.first_step = a.first_step if e.first_step is None else e.first_step
+                a.last_step = e.last_step
+                a.first_beacon_at = _min(a.first_beacon_at, e.first_beacon_at)
+                a.last_beacon_at = e.last_beacon_at
+                step_time = e.step_time_s  # a median; 0 or less is no answer
+                a.step_time_s = step_time if step_time is not None and step_time > 0 else None
+                a.checkpoint_stall_s = max(0.0, e.checkpoint_stall_s)
+                a.last_checkpoint_step = e.last_checkpoint_step
+            case RecoveryDecision() as e:
+                a.recovery = e.action
+                a.waiting_since = _min(a.waiting_since, ts if e.action == "wait" else None)
+                replaced[n] = list(e.replaced or {}) or replaced.get(n, [])
     for info in job.attempts:  # the job record fills in what the events lack
         a = atts.setdefault(info.number, AttemptTimeline(info.number))
         starts = [r.started_at for r in info.ranks if r.started_at is not None]
