@@ -19,9 +19,16 @@ from typing import Any
 import pytest
 
 from trainpod.agent.persisters import CheckpointHub
-from trainpod.ckpt.handoff import AgentLink, TierConfig
+from trainpod.ckpt.handoff import AgentLink, PersistStatus, TierConfig
 from trainpod.ckpt.manifest import METADATA, FileEntry, Manifest
-from trainpod.ckpt.persist import Persister, Request, part_path
+from trainpod.ckpt.persist import (
+    Persister,
+    Request,
+    StatusReport,
+    parse_line,
+    parse_request,
+    part_path,
+)
 from trainpod.ckpt.tiers import FsTier, step_name
 from trainpod.testing.wait import wait_until
 
@@ -76,12 +83,12 @@ def test_durable_commits_once_every_nodes_part_is_in_either_order(
     first, second = order
     assert p[first].round(request(tmp_path, first)) == "waiting"
     assert not durable_manifest(tmp_path).exists()  # one part is not a checkpoint
-    assert p[first].status()["done_through"] is None
+    assert p[first].status().done_through is None
     assert p[second].round(request(tmp_path, second)) == "done"
     # The manifest has the bytes of every node's memory manifest.
     assert durable_manifest(tmp_path).read_bytes() == m.to_json()
     assert (tmp_path / "durable" / "latest").read_text() == f"{STEP}\n"
-    assert p[first].poll_waiting() and p[first].status()["done_through"] == STEP
+    assert p[first].poll_waiting() and p[first].status().done_through == STEP
     done = [e for e in events[second] if e["event"] == "committed"]
     assert [(e["tier"], e["step"], e["wrote_manifest"]) for e in done] == [("durable", STEP, True)]
     assert done[0]["job_id"] == 7 and done[0]["attempt_id"] == 3
@@ -98,7 +105,7 @@ def test_a_missing_part_means_no_manifest(tmp_path: Path) -> None:
     for _ in range(3):
         assert not p0.poll_waiting()
     assert not durable_manifest(tmp_path).exists()
-    assert p0.status()["waiting_step"] == STEP
+    assert p0.status().waiting_step == STEP
 
 
 @pytest.mark.parametrize("marker", [b'{"format": "trainpod-ckpt-part/1", "no', b"", "foreign"])
@@ -145,7 +152,7 @@ def test_node_tiers_commit_locally_and_keep_k(tmp_path: Path) -> None:
         assert p0.round(req) == "done"
     scratch = sorted(p.name for p in (tmp_path / "scratch").iterdir() if p.name.startswith("step"))
     assert scratch == [step_name(2), step_name(3)]
-    assert p0.status()["committed"] == {"scratch": 3, "durable": 3}
+    assert p0.status().committed == {"scratch": 3, "durable": 3}
     assert [e["tier"] for e in events if e["event"] == "committed"] == ["scratch", "durable"] * 3
 
 
@@ -159,11 +166,11 @@ def test_an_unreachable_durable_store_is_retried_and_a_full_scratch_skipped(
     req = request(tmp_path, "n0", scratch="/proc/no-such-dir/scratch")
     assert p0.round(req) == "retry"
     st = p0.status()
-    assert set(st["errors"]) == {"scratch", "durable"} and st["retry_in_s"] is not None
+    assert set(st.errors) == {"scratch", "durable"} and st.retry_in_s is not None
     assert {e["tier"] for e in events if e["event"] == "failed"} == {"scratch", "durable"}
     (tmp_path / "durable").unlink()
     assert p0.round(req) == "done"  # scratch is not tried again for this step
-    assert p0.status()["committed"] == {"scratch": None, "durable": STEP}
+    assert p0.status().committed == {"scratch": None, "durable": STEP}
 
 
 def test_a_later_attempt_that_resumes_from_an_older_step_is_persisted_again(
@@ -175,12 +182,12 @@ def test_a_later_attempt_that_resumes_from_an_older_step_is_persisted_again(
         p0.offer(request(tmp_path, "n0", step))
     p0.finish()
     p0.run(finish_timeout_s=30)  # only the newest step is copied
-    assert p0.status()["done_through"] == 3 and not durable_manifest(tmp_path, 2).exists()
+    assert p0.status().done_through == 3 and not durable_manifest(tmp_path, 2).exists()
     again = make_memory(tmp_path / "mem", step=2, nodes=("n0",), created=99.0)
     p0.offer(dataclasses.replace(request(tmp_path, "n0", 2), attempt_id=4))
     p0.run(finish_timeout_s=30)
     assert durable_manifest(tmp_path, 2).read_bytes() == again.to_json()
-    assert p0.status()["done_through"] == 2
+    assert p0.status().done_through == 2
 
 
 def test_only_steps_flagged_by_the_workers_go_to_durable_until_the_job_ends(
@@ -200,15 +207,15 @@ def test_only_steps_flagged_by_the_workers_go_to_durable_until_the_job_ends(
             for n in NODES:
                 req = request(tmp_path, n, step, scratch=str(tmp_path / "scratch" / n))
                 p[n].offer(dataclasses.replace(req, durable=durable))
-            wait_until(
-                lambda s=step: all(p[n].status()["committed"].get("scratch") == s for n in NODES),
-                timeout_s=30,
-                what=f"step {step} in scratch",
-            )
+
+            def in_scratch(s: int = step) -> bool:
+                return all(p[n].status().committed.get("scratch") == s for n in NODES)
+
+            wait_until(in_scratch, timeout_s=30, what=f"step {step} in scratch")
         assert durable_manifest(tmp_path, 1).exists()
         assert not durable_manifest(tmp_path, 3).exists()
         st = p["n0"].status()
-        assert st["done_through"] == 1 and st["flagged"] == 1 and not st["global_busy"]
+        assert st.done_through == 1 and st.flagged == 1 and not st.global_busy
     finally:
         for n in NODES:
             p[n].finish()  # the job ended: the newest step goes everywhere
@@ -216,7 +223,71 @@ def test_only_steps_flagged_by_the_workers_go_to_durable_until_the_job_ends(
             t.join(60)
     assert durable_manifest(tmp_path, 3).exists() and not durable_manifest(tmp_path, 2).exists()
     # The node whose part came last committed it; the other may have left before seeing it.
-    assert max(p[n].status()["done_through"] for n in NODES) == 3
+    assert max(p[n].status().done_through or -1 for n in NODES) == 3
+
+
+# -- the wire ------------------------------------------------------------------------------
+BUSY = PersistStatus(
+    received=4, flagged=3, done_through=2, global_busy=True,
+    committed={"scratch": 4, "durable": None}, errors={"durable": "step 3: OSError: no route"},
+    copying_step=3, copying_tier="durable", bytes_done=10, bytes_total=30, rate_bps=2.5,
+    retry_in_s=None, waiting_step=None, pid=42,
+)  # fmt: skip
+
+
+def test_a_status_reads_back_the_same_at_the_agent_and_at_the_worker() -> None:
+    line = json.dumps({"event": "status", "status": BUSY.to_dict()})
+    at_agent = parse_line(line)  # pydantic, over the dataclass
+    assert isinstance(at_agent, StatusReport) and at_agent.status == BUSY
+    at_worker = PersistStatus.from_dict(json.loads(json.dumps(at_agent.status.to_dict())))
+    assert at_worker == BUSY  # plain Python: the worker does not import pydantic
+    assert PersistStatus.from_dict({}) == PersistStatus()  # the agent's "none yet"
+    assert PersistStatus.from_dict({**BUSY.to_dict(), "new_field": 1}) == BUSY
+    assert PersistStatus.from_dict({"rate_bps": 3}).rate_bps == 3.0
+
+
+def test_the_workers_status_parser_checks_every_field() -> None:
+    from trainpod.ckpt import handoff
+
+    names = {f.name for f in dataclasses.fields(PersistStatus)}
+    assert set(handoff._STATUS_RULES) == names
+    wrong: list[tuple[str, object]] = [
+        ("done_through", "2"), ("global_busy", 1), ("bytes_done", True),
+        ("committed", {"durable": "3"}), ("errors", {"x": 1}), ("rate_bps", None),
+    ]  # fmt: skip
+    for key, bad in wrong:
+        with pytest.raises(ValueError, match=key):
+            PersistStatus.from_dict({**BUSY.to_dict(), key: bad})
+
+
+def test_the_workers_side_of_the_wire_does_not_import_pydantic() -> None:
+    code = (
+        "import sys, trainpod.ckpt.checkpointer, trainpod.ckpt.pipeline, trainpod.ckpt.handoff;"
+        "print(sorted(m for m in ('pydantic', 'trainpod.ckpt.persist') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_malformed_hand_off_is_refused_with_the_field_that_is_wrong(tmp_path: Path) -> None:
+    tiers = request(tmp_path, "n0").config.to_dict()
+    good = {"op": "persist", "v": 1, "step": 3, "job_id": 7, "attempt_id": None, "stall_s": 0.5,
+            "bytes": 10, "durable": False, "tiers": tiers}  # fmt: skip
+    req = parse_request(json.dumps(good))
+    assert (req.step, req.job_id, req.durable, req.stall_s, req.nbytes) == (3, 7, False, 0.5, 10)
+    assert req.config == request(tmp_path, "n0").config
+    cases: list[tuple[dict[str, object], str]] = [
+        ({"step": -1}, "non-negative"),
+        ({"step": True}, "step"),
+        ({"retry_base_s": 0}, "positive"),
+        ({"tiers": None}, "tiers"),
+        ({"tiers": {**tiers, "node": ""}}, "node"),
+        ({"tiers": {**tiers, "keep": {"durable": 1.5}}}, "keep"),
+        ({"tiers": {**tiers, "peer_holder": "n1"}}, "peer_roots"),
+    ]
+    for bad, why in cases:
+        with pytest.raises(ValueError, match=why):
+            parse_request(json.dumps({**good, **bad}))
 
 
 # -- the process and the hub ------------------------------------------------------------
@@ -262,15 +333,20 @@ def test_the_hub_persists_reports_and_cleans_up_when_the_job_ends(
     hub = CheckpointHub(sock, log_dir=tmp_path / "logs", state_file=tmp_path / "state.json")
     try:
         link = AgentLink(str(sock))
-        assert link.status(shm_job, "n0") == {}
+        assert link.status(shm_job, "n0") == PersistStatus()  # none yet
         config = TierConfig(node="n0", memory=str(shm / "n0"), durable=str(tmp_path / "durable"))
         msg = {"op": "persist", "job_key": shm_job, "node": "n0", "step": STEP, "job_id": 7,
                "attempt_id": 3, "stall_s": 0.25, "bytes": m.total_bytes(),
                "tiers": config.to_dict()}  # fmt: skip
         assert link.request(msg) == {"ok": True}
         assert link.request(msg) == {"ok": True}  # idempotent
+
+        def persisted() -> bool:
+            st = link.status(shm_job, "n0")
+            return st is not None and st.done_through == STEP
+
         wait_until(
-            lambda: (link.status(shm_job, "n0") or {}).get("done_through") == STEP,
+            persisted,
             timeout_s=30,
             what="the persister to commit the step",
         )

@@ -20,6 +20,7 @@ an agent that restarts still cleans up after them. Thread-safe.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -31,15 +32,21 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from trainpod.agent.unixsock import SeqpacketServer
 from trainpod.api.models import CheckpointReport, CheckpointUpload
-from trainpod.ckpt.handoff import MAX_MESSAGE, WIRE_VERSION, TierConfig
+from trainpod.ckpt.handoff import MAX_MESSAGE, WIRE_VERSION, PersistStatus
 from trainpod.ckpt.layout import SHM_ROOT
-from trainpod.ckpt.persist import DEFAULT_NICE, Request
+from trainpod.ckpt.persist import (
+    DEFAULT_NICE,
+    PersistReport,
+    StatusReport,
+    parse_line,
+    parse_request,
+)
 from trainpod.ckpt.tiers import step_name
 
 log = logging.getLogger(__name__)
@@ -77,7 +84,7 @@ class _Job:
     job_id: int | None
     primary: Path
     proc: subprocess.Popen[bytes] | None = None
-    status: dict[str, Any] = field(default_factory=dict)
+    status: PersistStatus | None = None  # None: the persister has not said yet
     saved_step: int = -1
     sent_flagged: int = -1  # newest step handed over for the global tiers
     finishing: bool = False
@@ -159,27 +166,23 @@ class CheckpointHub:
     def uploads(self) -> list[CheckpointUpload]:
         """Where each job's persister stands (for jobs with a trainpod job id)."""
         with self._lock:
-            jobs = [(j.job_id, dict(j.status)) for j in self._jobs.values() if j.job_id is not None]
-        out = []
-        for job_id, st in jobs:
-            assert job_id is not None
-            if not st:
-                continue
-            out.append(
-                CheckpointUpload(
-                    job_id=job_id,
-                    done_through=_int(st.get("done_through")),
-                    committed={str(k): _int(v) for k, v in (st.get("committed") or {}).items()},
-                    copying_step=_int(st.get("copying_step")),
-                    copying_tier=st.get("copying_tier") or None,
-                    bytes_done=_int(st.get("bytes_done")) or 0,
-                    bytes_total=_int(st.get("bytes_total")) or 0,
-                    rate_bps=float(st.get("rate_bps") or 0.0),
-                    retry_in_s=st.get("retry_in_s"),
-                    errors={str(k): str(v) for k, v in (st.get("errors") or {}).items()},
-                )
+            jobs = [(j.job_id, j.status) for j in self._jobs.values()]
+        return [
+            CheckpointUpload(
+                job_id=job_id,
+                done_through=st.done_through,
+                committed=dict(st.committed),
+                copying_step=st.copying_step,
+                copying_tier=st.copying_tier or None,
+                bytes_done=st.bytes_done,
+                bytes_total=st.bytes_total,
+                rate_bps=st.rate_bps,
+                retry_in_s=st.retry_in_s,
+                errors=dict(st.errors),
             )
-        return out
+            for job_id, st in jobs
+            if job_id is not None and st is not None
+        ]
 
     def retain(self, active: set[int]) -> None:
         """The jobs still active on this node: finish and clean up after every other one.
@@ -266,11 +269,11 @@ class CheckpointHub:
                 # step over again, which starts a new one.
                 if j is None or j.exited:
                     return {"ok": True, "status": {}}
-                st = dict(j.status)
-                flagged = st.get("flagged")
-                if j.sent_flagged > (flagged if type(flagged) is int else -1):
-                    st["global_busy"] = True  # handed over, not seen by the persister yet
-                return {"ok": True, "status": st}
+                st = j.status or PersistStatus()
+                if j.sent_flagged > (-1 if st.flagged is None else st.flagged):
+                    # handed over, not seen by the persister yet
+                    st = dataclasses.replace(st, global_busy=True)
+                return {"ok": True, "status": st.to_dict()}
         if msg.get("op") == "persist":
             try:
                 return self._persist(job_key, node, msg)
@@ -280,8 +283,9 @@ class CheckpointHub:
 
     # -- persisters ---------------------------------------------------------------------
     def _persist(self, job_key: str, node: str, msg: dict[str, Any]) -> dict[str, Any]:
-        req = Request.from_dict(msg)
-        cfg: TierConfig = req.config
+        line = json.dumps(msg, separators=(",", ":")).encode()
+        req = parse_request(line)
+        cfg = req.config
         primary = Path(cfg.memory or cfg.scratch or "")
         if not primary.is_absolute() or not (primary / step_name(req.step)).is_dir():
             raise ValueError(f"step {req.step} is not committed under {primary}")
@@ -313,11 +317,9 @@ class CheckpointHub:
         proc = j.proc
         if proc is None or proc.stdin is None:
             raise OSError("the persister did not start")
-        proc.stdin.write(json.dumps(msg, separators=(",", ":")).encode() + b"\n")
+        proc.stdin.write(line + b"\n")
         proc.stdin.flush()
         if new_step and req.job_id is not None:
-            stall = msg.get("stall_s")
-            nbytes = msg.get("bytes")
             primary_name = "memory" if cfg.memory else "scratch"
             self._add_report(
                 CheckpointReport(
@@ -328,8 +330,8 @@ class CheckpointHub:
                     scope="node",
                     ok=True,
                     saved=True,
-                    bytes=nbytes if type(nbytes) is int else 0,
-                    stall_s=float(stall) if isinstance(stall, int | float) else None,
+                    bytes=req.nbytes,
+                    stall_s=req.stall_s,
                     at=time.time(),
                 )
             )
@@ -369,16 +371,14 @@ class CheckpointHub:
     def _read(self, j: _Job, out: IO[bytes]) -> None:
         for line in out:
             try:
-                msg = json.loads(line)
-            except ValueError:
+                msg = parse_line(line)
+            except ValueError as exc:
+                log.warning("persister of %s: ignored a malformed line: %s", j.key[0], exc)
                 continue
-            if not isinstance(msg, dict):
-                continue
-            event = msg.get("event")
-            if event in ("status", "exited") and isinstance(msg.get("status"), dict):
+            if isinstance(msg, StatusReport):
                 with self._lock:
-                    j.status = msg["status"]
-            elif event in ("committed", "failed") and j.job_id is not None:
+                    j.status = msg.status
+            elif isinstance(msg, PersistReport) and j.job_id is not None:
                 self._add_report(_report_of(j.job_id, msg))
         with self._lock:
             j.exited = True
@@ -446,28 +446,19 @@ def _ended(j: _Job, active: set[int]) -> bool:
     return j.job_id is not None and j.job_id not in active
 
 
-def _int(v: Any) -> int | None:
-    return v if type(v) is int else None
-
-
-def _report_of(job_id: int, msg: dict[str, Any]) -> CheckpointReport:
-    def num(key: str) -> float | None:
-        v = msg.get(key)
-        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-    tier = str(msg.get("tier") or "?")
+def _report_of(job_id: int, r: PersistReport) -> CheckpointReport:
     return CheckpointReport(
         job_id=job_id,
-        attempt_id=_int(msg.get("attempt_id")),
-        step=_int(msg.get("step")) or 0,
-        tier=tier,
-        scope="job" if tier == "durable" else "node",
-        ok=msg.get("event") == "committed",
-        bytes=_int(msg.get("bytes")) or 0,
-        seconds=num("seconds") or 0.0,
-        since_save_s=num("since_save_s"),
-        reason=str(msg.get("reason") or "")[:2000],
-        wrote_manifest=bool(msg.get("wrote_manifest")),
+        attempt_id=r.attempt_id,
+        step=r.step,
+        tier=r.tier or "?",
+        scope="job" if r.tier == "durable" else "node",
+        ok=r.event == "committed",
+        bytes=r.bytes,
+        seconds=r.seconds,
+        since_save_s=r.since_save_s,
+        reason=r.reason[:2000],
+        wrote_manifest=r.wrote_manifest,
         at=time.time(),
     )
 

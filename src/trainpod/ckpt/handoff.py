@@ -13,7 +13,7 @@ the worker closes. Requests::
     {"op": "persist", "v": 1, "job_key", "node", "step", "job_id", "attempt_id", "stall_s",
      "bytes", "retry_base_s", "durable", "tiers": TierConfig}
                                                       -> {"ok": true} | {"ok": false, "error"}
-    {"op": "status", "v": 1, "job_key", "node"}       -> {"ok": true, "status": {...} | null}
+    {"op": "status", "v": 1, "job_key", "node"}       -> {"ok": true, "status": PersistStatus}
 
 ``persist`` is idempotent (the newest step wins; resending a step is harmless). ``durable``
 says whether the step goes to the global tiers too: the workers decide it together in the
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TierConfig:
-    """Where one node's tiers of one job live; JSON-able (``to_dict`` / ``from_dict``)."""
+    """Where one node's tiers of one job live; JSON-able (``to_dict``; the agent's side
+    parses it with the hand-off request, see :func:`trainpod.ckpt.persist.parse_request`).
+
+    Raises ``ValueError`` for an empty ``node`` or a ``peer_holder`` without a root."""
 
     node: str
     """The node whose part these tiers hold."""
@@ -64,6 +67,15 @@ class TierConfig:
     """Retention per tier name (missing names keep 2)."""
     bandwidth_bps: float | None = None
     """Cap on bytes/s copied to throttled tiers (peer, durable); None: unlimited."""
+
+    def __post_init__(self) -> None:
+        if not self.node:
+            raise ValueError("node must be a node name, got an empty string")
+        if self.peer_holder is not None and self.peer_holder not in self.peer_roots:
+            raise ValueError(
+                f"peer_holder {self.peer_holder!r} is not in peer_roots {sorted(self.peer_roots)};"
+                " name where it keeps peer copies, or leave peer_holder None"
+            )
 
     @classmethod
     def of_layout(
@@ -92,43 +104,96 @@ class TierConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+
+@dataclass(frozen=True)
+class PersistStatus:
+    """Where one job's persister on one node stands. The persister sends it to its agent
+    (``{"event": "status", "status": ...}`` on stdout), the agent to the worker (the reply to
+    ``status``); each end parses it once on receipt. The default instance is "no status
+    yet" (``{}`` on the wire)."""
+
+    received: int | None = None
+    """The newest step offered (node tiers)."""
+    flagged: int | None = None
+    """The newest step offered for the global tiers (``durable``)."""
+    done_through: int | None = None
+    """The newest step done in every tier it will reach."""
+    global_busy: bool = False
+    """Copying into the global tiers, or about to (the workers then flag no new step)."""
+    committed: dict[str, int | None] = field(default_factory=dict)
+    """Copy tier -> its newest committed step."""
+    errors: dict[str, str] = field(default_factory=dict)
+    """Tier (or "config") -> the last error, until that tier commits again."""
+    copying_step: int | None = None
+    copying_tier: str | None = None
+    bytes_done: int = 0
+    bytes_total: int = 0
+    rate_bps: float = 0.0
+    retry_in_s: float | None = None
+    """Seconds to the next retry of a failed global copy; None: none scheduled."""
+    waiting_step: int | None = None
+    """A step whose part is in the global tiers while other nodes' parts are not yet."""
+    pid: int | None = None
+    """The persister's process id."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
     @classmethod
-    def from_dict(cls, d: Any) -> TierConfig:
-        """Parse what :meth:`to_dict` made. Raises ``ValueError`` on anything else."""
+    def from_dict(cls, d: object) -> PersistStatus:
+        """Parse :meth:`to_dict`'s output (``{}``: the default). Unknown keys are ignored (a
+        newer sender). Raises ``ValueError`` for a mistyped value. Plain Python on purpose:
+        the worker parses it, and the worker does not import pydantic."""
         if not isinstance(d, dict):
-            raise ValueError(f"tier config must be an object, got {type(d).__name__}")
+            raise ValueError(f"a persister status is an object, got {type(d).__name__}")
+        vals: dict[str, Any] = {}
+        for key, v in d.items():
+            rule = _STATUS_RULES.get(key)
+            if rule is None:
+                continue
+            ok, want = rule
+            if not ok(v):
+                raise ValueError(f"persister status: {key} must be {want}, got {v!r}")
+            vals[key] = float(v) if v is not None and key in _FLOATS else v
+        return cls(**vals)
 
-        def opt_str(key: str) -> str | None:
-            v = d.get(key)
-            if v is not None and not isinstance(v, str):
-                raise ValueError(f"{key} must be a string or null, got {v!r}")
-            return v
 
-        node, durable = d.get("node"), d.get("durable", "")
-        roots, keep, opts = d.get("peer_roots", {}), d.get("keep", {}), d.get("storage_options", {})
-        bw = d.get("bandwidth_bps")
-        if not isinstance(node, str) or not node or not isinstance(durable, str):
-            raise ValueError(f"node and durable must be strings, got {node!r}, {durable!r}")
-        if not (isinstance(roots, dict) and all(isinstance(v, str) for v in roots.values())):
-            raise ValueError(f"peer_roots must map nodes to paths, got {roots!r}")
-        if not (isinstance(keep, dict) and all(type(v) is int for v in keep.values())):
-            raise ValueError(f"keep must map tiers to ints, got {keep!r}")
-        if not isinstance(opts, dict):
-            raise ValueError(f"storage_options must be an object, got {opts!r}")
-        if bw is not None and (isinstance(bw, bool) or not isinstance(bw, int | float)):
-            raise ValueError(f"bandwidth_bps must be a number or null, got {bw!r}")
-        holder = opt_str("peer_holder")
-        return cls(
-            node=node,
-            memory=opt_str("memory"),
-            scratch=opt_str("scratch"),
-            peer_holder=holder if holder in roots else None,
-            peer_roots={str(k): v for k, v in roots.items()},
-            durable=durable,
-            storage_options=opts,
-            keep={str(k): v for k, v in keep.items()},
-            bandwidth_bps=None if bw is None else float(bw),
-        )
+def _opt(ok: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda v: v is None or ok(v)
+
+
+def _is_int(v: object) -> bool:
+    return type(v) is int  # not a bool
+
+
+def _is_num(v: object) -> bool:
+    return type(v) in (int, float)
+
+
+def _is_map(value: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda v: (
+        isinstance(v, dict) and all(isinstance(k, str) and value(x) for k, x in v.items())
+    )
+
+
+_STATUS_RULES: dict[str, tuple[Callable[[object], bool], str]] = {
+    "received": (_opt(_is_int), "an int or null"),
+    "flagged": (_opt(_is_int), "an int or null"),
+    "done_through": (_opt(_is_int), "an int or null"),
+    "global_busy": (lambda v: type(v) is bool, "a bool"),
+    "committed": (_is_map(_opt(_is_int)), "an object of steps (int or null)"),
+    "errors": (_is_map(lambda v: isinstance(v, str)), "an object of strings"),
+    "copying_step": (_opt(_is_int), "an int or null"),
+    "copying_tier": (_opt(lambda v: isinstance(v, str)), "a string or null"),
+    "bytes_done": (_is_int, "an int"),
+    "bytes_total": (_is_int, "an int"),
+    "rate_bps": (_is_num, "a number"),
+    "retry_in_s": (_opt(_is_num), "a number or null"),
+    "waiting_step": (_opt(_is_int), "an int or null"),
+    "pid": (_opt(_is_int), "an int or null"),
+}
+"""How :meth:`PersistStatus.from_dict` checks each field (a unit test keeps it complete)."""
+_FLOATS = {"rate_bps", "retry_in_s"}
 
 
 def build_tiers(cfg: TierConfig) -> list[Tier]:
@@ -195,13 +260,16 @@ class AgentLink:
             sock.close()
         return reply if isinstance(reply, dict) else None
 
-    def status(self, job_key: str, node: str) -> dict[str, Any] | None:
-        """The persister's status for this job and node; {} when it has none yet."""
+    def status(self, job_key: str, node: str) -> PersistStatus | None:
+        """The persister's status for this job and node (the default one when it has none
+        yet); None when the agent does not answer, or answers what this worker cannot read."""
         reply = self.request({"op": "status", "job_key": job_key, "node": node})
         if reply is None or not reply.get("ok"):
             return None
-        st = reply.get("status")
-        return st if isinstance(st, dict) else {}
+        try:
+            return PersistStatus.from_dict(reply.get("status") or {})
+        except ValueError:
+            return None
 
 
 class AgentPersistence:
@@ -266,9 +334,9 @@ class AgentPersistence:
         """Whether this node's persister is free to start on a new step for the global tiers
         (True when it cannot be asked: the step is then still handed over)."""
         st = self.status()
-        return st is None or not st.get("global_busy")
+        return st is None or not st.global_busy
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> PersistStatus | None:
         return self.link.status(self.job_key, self.node)
 
 

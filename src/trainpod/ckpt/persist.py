@@ -28,8 +28,10 @@ What it does with the steps it is given (the newest wins; older ones are skipped
 
 A failed durable copy is retried with exponential backoff, always for the newest flagged
 step; a failed scratch or peer copy is skipped until the next step (the pipeline's semantics).
-Reports: ``{"event": "committed"|"failed", "tier", "step", "bytes", "seconds", "reason",
-"job_id", "attempt_id", "wrote_manifest"}`` and ``{"event": "status", "status": {...}}``.
+Reports, one JSON object a line: :class:`PersistReport` (``committed``, ``failed``),
+:class:`StatusReport` (``status``, ``exited``) and :class:`Started`; the agent reads them
+with :func:`parse_line`. This module imports pydantic: only the agent and the persister
+import it, never a worker.
 """
 
 from __future__ import annotations
@@ -49,10 +51,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, TypeAdapter
 
 from trainpod.ckpt.errors import CheckpointError, ManifestError
-from trainpod.ckpt.handoff import TierConfig, build_tiers
+from trainpod.ckpt.handoff import PersistStatus, TierConfig, build_tiers
 from trainpod.ckpt.manifest import MANIFEST, METADATA, Manifest
 from trainpod.ckpt.tiers import FsTier, Meter, Tier, step_name
 
@@ -143,35 +147,82 @@ def try_commit(tier: FsTier, m: Manifest) -> bool:
 # -- one node's persister -------------------------------------------------------------------
 @dataclass(frozen=True)
 class Request:
-    """One hand-off: persist ``step`` of this job (the newest step wins)."""
+    """One hand-off: persist ``step`` of this job (the newest step wins). On the wire: the
+    ``persist`` request of :mod:`trainpod.ckpt.handoff` (parse it with :func:`parse_request`).
+    Raises ``ValueError`` for a negative step or a non-positive ``retry_base_s``."""
 
     step: int
-    config: TierConfig
+    config: Annotated[TierConfig, Field(alias="tiers")]
     job_id: int | None = None
     attempt_id: int | None = None
     retry_base_s: float = 1.0
     durable: bool = True
     """Whether the step goes to the global tiers too (the workers decided it together: see
     :class:`Persister`); node tiers take every step."""
+    stall_s: float | None = None
+    """How long the save stalled training (the agent reports it with the saved step)."""
+    nbytes: Annotated[int, Field(alias="bytes")] = 0
+    """The size of this node's part of the step."""
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Request:
-        """Raises ``ValueError`` for a malformed request."""
-        step = d.get("step")
-        if type(step) is not int or step < 0:
-            raise ValueError(f"step must be a non-negative int, got {step!r}")
-        ids = [d.get("job_id"), d.get("attempt_id")]
-        base = d.get("retry_base_s", 1.0)
-        if isinstance(base, bool) or not isinstance(base, int | float) or base <= 0:
-            raise ValueError(f"retry_base_s must be a positive number, got {base!r}")
-        return cls(
-            step=step,
-            config=TierConfig.from_dict(d.get("tiers")),
-            job_id=ids[0] if type(ids[0]) is int else None,
-            attempt_id=ids[1] if type(ids[1]) is int else None,
-            retry_base_s=float(base),
-            durable=d.get("durable", True) is not False,
-        )
+    def __post_init__(self) -> None:
+        if self.step < 0:
+            raise ValueError(f"step must be a non-negative int, got {self.step!r}")
+        if not self.retry_base_s > 0:
+            raise ValueError(f"retry_base_s must be a positive number, got {self.retry_base_s!r}")
+
+
+@dataclass(frozen=True)
+class PersistReport:
+    """A copy of a step to one tier committed or failed: a line on the persister's stdout."""
+
+    event: Literal["committed", "failed"]
+    tier: str
+    """The tier, or "config" when the tiers could not be built."""
+    step: int
+    job_id: int | None = None
+    attempt_id: int | None = None
+    bytes: int = 0
+    seconds: float = 0.0
+    since_save_s: float | None = None
+    """Committed: how long after the save of the step (the manifest's time)."""
+    reason: str = ""
+    """Failed: why."""
+    wrote_manifest: bool = False
+    """Committed to a global tier: this node wrote the manifest (the commit) itself."""
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """The persister's status: after each change (``status``) and as its last line (``exited``)."""
+
+    event: Literal["status", "exited"]
+    status: PersistStatus
+
+
+@dataclass(frozen=True)
+class Started:
+    """The persister holds the job's lock and starts on the requests."""
+
+    event: Literal["started"]
+    pid: int
+
+
+PersisterLine = PersistReport | StatusReport | Started
+_REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
+_LINE: TypeAdapter[PersisterLine] = TypeAdapter(
+    Annotated[PersisterLine, Field(discriminator="event")]
+)
+
+
+def parse_request(data: str | bytes) -> Request:
+    """A ``persist`` request from its JSON (unknown keys are ignored). Raises ``ValueError``
+    (pydantic's ``ValidationError``) naming each bad field."""
+    return _REQUEST.validate_json(data, strict=True)
+
+
+def parse_line(data: str | bytes) -> PersisterLine:
+    """One line of the persister's stdout. Raises ``ValueError`` for anything else."""
+    return _LINE.validate_json(data, strict=True)
 
 
 @dataclass
@@ -297,29 +348,29 @@ class Persister:
             return min(self._node_done, self._global_done)
         return self._node_done
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> PersistStatus:
         with self._cond:
             retry = None if self._retry_at is None else max(0.0, self._retry_at - time.monotonic())
             m = self.meter
-            return {
-                "received": None if self._want is None else self._want.step,
-                "flagged": None if self._dwant is None else self._dwant.step,
-                "done_through": self._done_locked(),
-                "global_busy": self._global_busy_locked(),
-                "committed": dict(self._committed),
-                "errors": dict(self._errors),
-                "copying_step": m.step,
-                "copying_tier": m.tier,
-                "bytes_done": m.done,
-                "bytes_total": m.total,
-                "rate_bps": m.rate_bps(),
-                "retry_in_s": retry,
-                "waiting_step": None if self._waiting is None else self._waiting.req.step,
-                "pid": os.getpid(),
-            }
+            return PersistStatus(
+                received=None if self._want is None else self._want.step,
+                flagged=None if self._dwant is None else self._dwant.step,
+                done_through=self._done_locked(),
+                global_busy=self._global_busy_locked(),
+                committed=dict(self._committed),
+                errors=dict(self._errors),
+                copying_step=m.step,
+                copying_tier=m.tier,
+                bytes_done=m.done,
+                bytes_total=m.total,
+                rate_bps=m.rate_bps(),
+                retry_in_s=retry,
+                waiting_step=None if self._waiting is None else self._waiting.req.step,
+                pid=os.getpid(),
+            )
 
     def emit_status(self) -> None:
-        self._emit({"event": "status", "status": self.status()})
+        self._emit(dataclasses.asdict(StatusReport("status", self.status())))
 
     # -- the loop -----------------------------------------------------------------------
     def _node_ready_locked(self) -> bool:
@@ -424,17 +475,11 @@ class Persister:
         self.meter.bandwidth_bps = cfg.bandwidth_bps
         return self._tiers
 
-    def _report(self, req: Request, event: str, tier: str, **data: Any) -> None:
-        self._emit(
-            {
-                "event": event,
-                "tier": tier,
-                "step": req.step,
-                "job_id": req.job_id,
-                "attempt_id": req.attempt_id,
-                **data,
-            }
-        )
+    def _report(
+        self, req: Request, event: Literal["committed", "failed"], tier: str, **data: Any
+    ) -> None:
+        report = PersistReport(event, tier, req.step, req.job_id, req.attempt_id, **data)
+        self._emit(dataclasses.asdict(report))
 
     def _stage(self, src: Path, step: int, names: list[str]) -> Path:
         """Hard-link ``names`` of ``src`` into the staging dir (so the worker's retention
@@ -700,8 +745,8 @@ def _read_requests(p: Persister, stream: Any) -> None:
             msg = json.loads(line)
             if isinstance(msg, dict) and msg.get("op") == "finish":
                 break
-            p.offer(Request.from_dict(msg))
-        except (ValueError, TypeError) as exc:
+            p.offer(parse_request(line))
+        except ValueError as exc:
             log.warning("ignored a malformed request: %s", exc)
     p.finish()
 
@@ -732,7 +777,7 @@ def main(argv: list[str] | None = None) -> None:
         out({"event": "started", "pid": os.getpid()})
         p.run(finish_timeout_s=args.finish_timeout_s)
     shutil.rmtree(args.staging, ignore_errors=True)
-    out({"event": "exited", "status": p.status()})
+    out(dataclasses.asdict(StatusReport("exited", p.status())))
 
 
 if __name__ == "__main__":

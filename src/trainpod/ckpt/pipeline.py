@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from trainpod.ckpt.coll import Coll
-from trainpod.ckpt.handoff import AgentPersistence
+from trainpod.ckpt.handoff import AgentPersistence, PersistStatus
 from trainpod.ckpt.manifest import (
     MANIFEST,
     METADATA,
@@ -129,11 +129,9 @@ class Pipeline:
         pause = 0.02
         while True:
             st = agent.status()
-            done = None if st is None else st.get("done_through")
-            if type(done) is int and done >= step:
+            if st is not None and st.done_through is not None and st.done_through >= step:
                 return True
-            got = None if st is None else st.get("flagged")
-            if self.ctx.leader and st is not None and (type(got) is not int or got < step):
+            if self.ctx.leader and st is not None and (st.flagged is None or st.flagged < step):
                 agent.resend()  # for every tier: all nodes' leaders do it here
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -178,30 +176,20 @@ class Pipeline:
             pending = self._inflight
         if st is None:
             errors["agent"] = f"the node's agent does not answer on {agent.link.path}"
-            st = {}
-        theirs = st.get("committed") if isinstance(st.get("committed"), dict) else {}
-        assert isinstance(theirs, dict)
+            st = PersistStatus()
         for name in self.agent_tiers:
-            v = theirs.get(name)
-            committed[name] = v if type(v) is int else None
-        if isinstance(st.get("errors"), dict):
-            errors.update({str(k): str(v) for k, v in st["errors"].items()})
-
-        def num(key: str) -> float:
-            v = st.get(key) if st else None
-            return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
-
-        step, tier, retry = st.get("copying_step"), st.get("copying_tier"), st.get("retry_in_s")
+            committed[name] = st.committed.get(name)
+        errors.update(st.errors)
         return Progress(
             committed=committed,
-            copying_step=step if type(step) is int else None,
-            copying_tier=tier if isinstance(tier, str) else None,
-            bytes_done=int(num("bytes_done")),
-            bytes_total=int(num("bytes_total")),
-            rate_bps=num("rate_bps"),
+            copying_step=st.copying_step,
+            copying_tier=st.copying_tier,
+            bytes_done=st.bytes_done,
+            bytes_total=st.bytes_total,
+            rate_bps=st.rate_bps,
             pending_snapshots=pending,
             errors=errors,
-            retry_in_s=float(retry) if isinstance(retry, int | float) else None,
+            retry_in_s=st.retry_in_s,
         )
 
     def _idle_locked(self, local_only: bool) -> bool:
