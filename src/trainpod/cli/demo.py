@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.markup import escape
 
 import trainpod
-from trainpod.api.models import ChaosRequest, EventInfo, JobInfo
+from trainpod.api.models import ChaosRequest, JobInfo
 from trainpod.backends.base import backend_for
 from trainpod.cli.cluster import wait_for_nodes
 from trainpod.cli.context import set_current
@@ -32,6 +32,19 @@ from trainpod.cli.jobs import default_env, follow, print_job
 from trainpod.cli.render import console, nodes_table
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import Fatal, NotFound, TrainpodError
+from trainpod.model.events import (
+    AttemptCreated,
+    AttemptProgress,
+    ChaosInjected,
+    DeepCheckFinished,
+    Event,
+    FaultDetected,
+    FirstBeacon,
+    NodeRepaired,
+    RecoveryDecision,
+    parse,
+)
+from trainpod.model.states import JobState, NodeState
 from trainpod.paths import ClusterPaths, ClusterRecord, read_secret
 from trainpod.spec.job import JobSpec
 from trainpod.spec.loading import load_cluster_spec
@@ -40,18 +53,6 @@ from trainpod.telemetry.goodput import compute_goodput
 # Who speaks: "[...]" is markup to rich, so the brackets are escaped.
 _TRAINPOD = "[bold magenta]\\[trainpod][/]"
 _DEMO = "[bold magenta]\\[demo][/]"
-
-# Events worth a line of their own while the demo runs, and how to say them.
-_STORY = {
-    "chaos_injected": "injected {fault} into {node}",
-    "fault_detected": "detected {fault} on {nodes}: {reason}",
-    "recovery_decision": "decision: {action}: {reason}",
-    "attempt_created": "attempt {attempt} starts on {nodes}",
-    "first_beacon": "attempt {attempt}: first progress beacon (step {step})",
-    "deep_check_finished": "{node}: deep health check {status}: {reason}",
-    "node_repaired": "{node} repaired and back in the pool",
-}
-
 
 # What the GPT example prints on resume (examples/gpt/train.py, describe_load), e.g.
 # "resuming from step 100 (tier memory, 0.03 s); continuing at step 101" or
@@ -136,17 +137,24 @@ def _ensure_cluster(spec_path: Path) -> tuple[ClusterPaths, ClusterRecord]:
     return paths, ClusterRecord.load(paths)
 
 
-def _say(e: EventInfo) -> str | None:
-    template = _STORY.get(e.kind)
-    if template is None:
-        return None
-    data = {"node": e.node, "attempt": e.attempt, **e.data}
-    if isinstance(data.get("nodes"), list):
-        data["nodes"] = ",".join(str(n) for n in data["nodes"])
-    try:
-        return template.format(**data)
-    except (KeyError, IndexError):
-        return f"{e.kind} {e.data}"
+def _say(event: Event) -> str | None:
+    """The events worth a line of their own while the demo runs, and how to say them."""
+    match event:
+        case ChaosInjected():
+            return f"injected {event.fault} into {event.node}"
+        case FaultDetected():
+            return f"detected {event.cause} on {','.join(event.nodes)}: {event.reason}"
+        case RecoveryDecision():
+            return f"decision: {event.action}: {event.reason}"
+        case AttemptCreated():
+            return f"attempt {event.attempt} starts on {','.join(event.nodes)}"
+        case FirstBeacon():
+            return f"attempt {event.attempt}: first progress beacon (step {event.step})"
+        case DeepCheckFinished():
+            return f"{event.node}: deep health check {event.status}: {event.reason}"
+        case NodeRepaired():
+            return f"{event.node} repaired and back in the pool"
+    return None
 
 
 class _Narrator(threading.Thread):
@@ -166,16 +174,15 @@ class _Narrator(threading.Thread):
         while not self.stop.wait(0.3):
             try:
                 self._maybe_inject()
-                for e in self._client.events(after=after):
-                    after = e.id
-                    if e.job_id not in (None, self._job) and e.kind != "node_repaired":
+                for info in self._client.events(after=after):
+                    after = info.id
+                    e = parse(info)
+                    if info.job_id not in (None, self._job) and not isinstance(e, NodeRepaired):
                         continue
-                    if e.kind == "attempt_progress" and e.attempt is not None:
-                        last = e.data.get("last_step")
-                        if isinstance(last, int):
-                            self._last_step[e.attempt] = last
-                    if e.kind == "attempt_created" and (e.attempt or 0) > 1:
-                        self._logs[e.attempt or 0] = (0, "")
+                    if isinstance(e, AttemptProgress) and e.last_step is not None:
+                        self._last_step[e.attempt] = e.last_step
+                    if isinstance(e, AttemptCreated) and e.attempt > 1:
+                        self._logs[e.attempt] = (0, "")
                     line = _say(e)
                     if line:
                         _tell(line)
@@ -188,7 +195,7 @@ class _Narrator(threading.Thread):
             return
         job = self._client.job(self._job)
         step = (job.progress or {}).get("last_step") or 0
-        if job.state != "running" or step < self._steps // 2:
+        if job.state != JobState.RUNNING or step < self._steps // 2:
             return
         victim = job.attempts[-1].nodes[-1]
         self.injected = True
@@ -290,7 +297,7 @@ def run_demo(*, steps: int, delete_after: bool, fault: str | None = "xid79") -> 
     with TrainpodClient(record.url, read_secret(paths.admin_token)) as client:
         nodes = wait_for_nodes(client, timeout_s=300)
         console.print(nodes_table(nodes))
-        bad = [n for n in nodes if n.state == "failed"]
+        bad = [n for n in nodes if n.state == NodeState.FAILED]
         if bad:
             raise Fatal(f"node {bad[0].name} failed to set up: {bad[0].reason}")
         console.print(
@@ -326,7 +333,7 @@ def run_demo(*, steps: int, delete_after: bool, fault: str | None = "xid79") -> 
         console.print()
         render_goodput(compute_goodput(final, client.events(job_id=job.id), time.time()))
         _next_steps(record, final.id, time.time() - t0)
-        if final.state != "completed":
+        if final.state != JobState.COMPLETED:
             raise Fatal(f"the demo job ended {final.state}: {final.reason}")
     if delete_after:
         backend_for(record.backend, paths).delete(purge=True)

@@ -11,16 +11,17 @@ from pathlib import Path
 
 import typer
 
-from trainpod.api.models import JobInfo
+from trainpod.api.models import EventInfo, JobInfo
 from trainpod.backends.local import python_first_path
 from trainpod.cli.context import client_for
-from trainpod.cli.render import console, duration, jobs_table, styled
+from trainpod.cli.render import console, duration, jobs_table, show_value, styled
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import SpecError
+from trainpod.model.events import details, parse
+from trainpod.model.states import JobState
 from trainpod.spec.job import JobSpec
 
 CLUSTER_OPT = typer.Option(None, "--cluster", "-c", help="cluster name (default: current)")
-_ENDED = {"completed", "failed", "cancelled"}
 
 
 def parse_env(pairs: list[str]) -> dict[str, str]:
@@ -107,7 +108,7 @@ def submit(
             follow(client, job.id, rank=0)
             final = client.job(job.id)
             console.print(f"job {final.id} {styled(final.state)} {final.reason}")
-            if final.state != "completed":
+            if final.state != JobState.COMPLETED:
                 raise typer.Exit(1)
 
 
@@ -226,18 +227,25 @@ def events(
         console.print_json(json.dumps([e.model_dump(mode="json") for e in items]))
         return
     for e in items:
-        when = time.strftime("%H:%M:%S", time.localtime(e.ts)) + f".{int(e.ts * 1000) % 1000:03d}"
-        who = " ".join(
-            x
-            for x in (
-                e.node or "",
-                f"job {e.job_id}" if e.job_id else "",
-                f"attempt {e.attempt}" if e.attempt else "",
-            )
-            if x
+        print(event_line(e))
+
+
+def event_line(e: EventInfo) -> str:
+    """One event of ``trainpod events``: when, kind, where, then its typed fields."""
+    when = time.strftime("%H:%M:%S", time.localtime(e.ts)) + f".{int(e.ts * 1000) % 1000:03d}"
+    who = " ".join(
+        x
+        for x in (
+            e.node or "",
+            f"job {e.job_id}" if e.job_id else "",
+            f"attempt {e.attempt}" if e.attempt else "",
         )
-        data = " ".join(f"{k}={v}" for k, v in e.data.items() if k != "log_tail")
-        print(f"{when} {e.kind:<18} {who:<28} {data}")
+        if x
+    )
+    shown = details(parse(e))
+    shown.pop("log_tail", None)  # many lines: `trainpod logs` shows them
+    data = " ".join(f"{k}={show_value(v)}" for k, v in shown.items())
+    return f"{when} {e.kind:<18} {who:<28} {data}"
 
 
 def goodput(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -31,6 +32,15 @@ _STATE_STYLE = {
 def styled(state: str) -> str:
     style = _STATE_STYLE.get(state)
     return f"[{style}]{state}[/]" if style else state
+
+
+def show_value(value: Any) -> str:
+    """An event's value on one line: names joined by commas, ``bad->spare`` for a map."""
+    if isinstance(value, tuple | list):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, dict):
+        return ",".join(f"{k}->{v}" for k, v in value.items())
+    return str(value)
 
 
 def ago(ts: float | None) -> str:

@@ -865,6 +865,14 @@ def parse(row: EventLike) -> Event:
     )
 
 
+def details(event: Event) -> dict[str, Any]:
+    """The event's payload under its attribute names, the columns left out (an
+    :class:`UnknownEvent`'s raw data): what a listing of the log shows."""
+    if isinstance(event, UnknownEvent):
+        return dict(event.data)
+    return {f.name: getattr(event, f.name) for f in _CODECS[type(event)] if not f.column}
+
+
 def recorded(row: StoredEventLike) -> Recorded:
     """:func:`parse`, keeping the row's id and time."""
     return Recorded(row.id, row.ts, parse(row))
