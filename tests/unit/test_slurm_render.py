@@ -1,4 +1,5 @@
-"""Slurm's pure parts: host lists, the batch script, slurm.conf lines, JSON parsing, spec."""
+"""Slurm's pure parts: the batch script, slurm.conf lines, JSON parsing, spec (host lists:
+test_hostlist.py)."""
 
 from __future__ import annotations
 
@@ -11,30 +12,8 @@ from trainpod.errors import SpecError
 from trainpod.slurm.batch import BatchRequest, render
 from trainpod.slurm.cli import parse_job, parse_node
 from trainpod.slurm.conf import render_conf
-from trainpod.slurm.hostlist import HostlistError, compress, expand
 from trainpod.spec.job import JobSpec
 from trainpod.spec.loading import parse_cluster_spec
-
-
-@pytest.mark.parametrize(
-    ("text", "hosts"),
-    [
-        ("node1", ["node1"]),
-        ("node[1-3]", ["node1", "node2", "node3"]),
-        ("node[1-2,7],gpu-a", ["node1", "node2", "node7", "gpu-a"]),
-        ("n[08-10]", ["n08", "n09", "n10"]),
-        ("rack[1-2]-gpu", ["rack1-gpu", "rack2-gpu"]),
-    ],
-)
-def test_host_lists_expand_and_compress_back(text: str, hosts: list[str]) -> None:
-    assert expand(text) == hosts
-    assert sorted(expand(compress(hosts))) == sorted(hosts)
-
-
-@pytest.mark.parametrize("bad", ["node[3-1]", "node[a-b]", "node[1-2", "a,,b"])
-def test_bad_host_lists_say_where(bad: str) -> None:
-    with pytest.raises(HostlistError, match="host list"):
-        expand(bad)
 
 
 def _request(**kw: object) -> BatchRequest:
@@ -109,7 +88,7 @@ def test_render_conf_writes_node_and_partition_lines() -> None:
     ],
 )
 def test_slurm_specs_are_checked(change: dict[str, object], words: str) -> None:
-    spec = {**SPEC, "instance_groups": [{**SPEC["instance_groups"][0], **change}]}  # type: ignore[index, dict-item]
+    spec = {**SPEC, "instance_groups": [{**SPEC["instance_groups"][0], **change}]}  # type: ignore[dict-item]  # SPEC is a dict of objects
     spec["partitions"] = [{"name": "main", "groups": ["gpu"]}]
     with pytest.raises(SpecError, match=words):
         parse_cluster_spec(spec, source="spec", base_dir=Path("."))

@@ -1,16 +1,23 @@
 """Slurm host lists: ``node[1-3,7]`` <-> ``["node1", "node2", "node3", "node7"]``.
 
 Slurm prints and accepts node sets in this compressed form (``scontrol show hostnames``
-expands it). Ranges keep their zero padding (``n[01-03]`` is n01, n02, n03). One bracket
-group per name is supported, which covers every name Slurm generates from a NodeName line.
+expands it). Ranges keep their zero padding (``n[01-03]`` is n01, n02, n03). A name may
+hold several bracket groups, expanded like Slurm does, the leftmost slowest
+(``rack[1-2]-n[01-02]`` is rack1-n01, rack1-n02, rack2-n01, rack2-n02). :func:`compress`
+writes one group per name (``rack1-n[01-02],rack2-n[01-02]``), which Slurm reads too.
+
+Not python-hostlist: it does the same, but is GPL-2.0-or-later and trainpod is Apache-2.0.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from itertools import groupby
+from itertools import groupby, product
 
-_TOKEN = re.compile(r"([^,\[]+)(?:\[([^\]]+)\])?([^,\[]*)")
+MAX_HOSTS = 100_000
+"""The most hosts one host list may name: a typo such as ``n[1-10000000]`` fails at once."""
+_GROUP = re.compile(r"\[([^\]]*)\]")
 
 
 class HostlistError(ValueError):
@@ -18,25 +25,45 @@ class HostlistError(ValueError):
 
 
 def expand(hostlist: str) -> list[str]:
-    """Every host named by ``hostlist``, in order, duplicates dropped."""
-    out: list[str] = []
-    pos = 0
+    """Every host named by ``hostlist``, in order, duplicates dropped ("" names none).
+    Raises :class:`HostlistError` saying what is wrong where."""
     text = hostlist.strip()
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if m is None or m.end() == pos:
-            raise HostlistError(f"cannot parse host list {hostlist!r} at {text[pos:]!r}")
-        prefix, ranges, suffix = m.group(1), m.group(2), m.group(3)
-        if ranges is None:
-            out.append(prefix + suffix)
-        else:
-            out.extend(f"{prefix}{n}{suffix}" for n in _ranges(ranges, hostlist))
-        pos = m.end()
-        if pos < len(text):
-            if text[pos] != ",":
-                raise HostlistError(f"expected ',' in host list {hostlist!r} at {text[pos:]!r}")
-            pos += 1
+    out: list[str] = []
+    for name in _names(text, hostlist) if text else []:
+        # literal, ranges, literal, ranges, ..., literal
+        choices = [
+            [p] if i % 2 == 0 else _ranges(p, hostlist) for i, p in enumerate(_GROUP.split(name))
+        ]
+        if len(out) + math.prod(len(c) for c in choices) > MAX_HOSTS:
+            raise HostlistError(
+                f"host list {hostlist!r} names over {MAX_HOSTS} hosts; check the ranges"
+            )
+        out.extend("".join(parts) for parts in product(*choices))
     return list(dict.fromkeys(out))
+
+
+def _names(text: str, whole: str) -> list[str]:
+    """The comma-separated names of a host list (a comma inside brackets separates ranges)."""
+    names: list[str] = []
+    start, open_at = 0, None
+    for i, ch in enumerate(text):
+        if ch == "[":
+            if open_at is not None:
+                raise HostlistError(f"nested '[' in host list {whole!r} at {text[i:]!r}")
+            open_at = i
+        elif ch == "]":
+            if open_at is None:
+                raise HostlistError(f"']' without '[' in host list {whole!r} at {text[i:]!r}")
+            open_at = None
+        elif ch == "," and open_at is None:
+            names.append(text[start:i])
+            start = i + 1
+    if open_at is not None:
+        raise HostlistError(f"unclosed '[' in host list {whole!r} at {text[open_at:]!r}")
+    names.append(text[start:])
+    if not all(names):
+        raise HostlistError(f"empty name in host list {whole!r}; remove the extra ','")
+    return names
 
 
 def _ranges(spec: str, whole: str) -> list[str]:
@@ -50,6 +77,10 @@ def _ranges(spec: str, whole: str) -> list[str]:
             continue
         if int(hi) < int(lo):
             raise HostlistError(f"descending range {part!r} in host list {whole!r}")
+        if int(hi) - int(lo) >= MAX_HOSTS:
+            raise HostlistError(
+                f"range {part!r} in host list {whole!r} names over {MAX_HOSTS} hosts"
+            )
         width = len(lo) if lo.startswith("0") else 0
         out.extend(str(n).zfill(width) for n in range(int(lo), int(hi) + 1))
     return out
@@ -59,7 +90,7 @@ _SPLIT = re.compile(r"^(.*?)(\d+)$")
 
 
 def compress(hosts: list[str]) -> str:
-    """The shortest host list for ``hosts`` that :func:`expand` turns back into them.
+    """A short host list for ``hosts`` that :func:`expand` turns back into them.
 
     Names ending in a number are grouped by prefix (and number width when zero-padded);
     the order is prefix, then number."""
