@@ -164,3 +164,12 @@ def test_a_failed_prune_rolls_back_and_leaves_the_guard_off(tmp_path: Path) -> N
         raise Boom
     assert len(store.events()) == 1 and store.get_meta("prune_before") is None
     conn.close()
+
+
+def test_fault_history_counts_faults_since_the_first_event(store: Store) -> None:
+    assert store.fault_history() == (0, None)
+    with store.transaction():
+        store.append(5.0, ControllerStarted(restarted=False))
+        for t in (7.0, 9.0):
+            store.add_event(t, "fault_detected", job_id=1, attempt=1, fault="crash", fault_at=t)
+    assert store.fault_history() == (2, 5.0)

@@ -585,3 +585,18 @@ def test_every_kind_written_by_add_event_is_a_known_class() -> None:
     for kind in written_kinds():
         pattern = re.compile(re.escape(kind).replace(r"\*", r"\w+"))
         assert any(pattern.fullmatch(k) for k in known), f"{kind!r} has no class in events.py"
+
+
+def test_the_model_package_imports_nothing_of_trainpod_outside_it() -> None:
+    for path in (SRC / "model").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            for name in names:
+                if name == "trainpod" or name.startswith("trainpod."):
+                    assert name.startswith("trainpod.model"), f"{path.name} imports {name}"

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from trainpod.model.events import Event, Recorded, recorded
+from trainpod.model.events import Event, FaultDetected, Recorded, recorded
 from trainpod.model.states import AttemptState, JobState, NodeState, RankState
 from trainpod.store.db import open_db
 from trainpod.store.rows import AttemptRow, EventRow, JobRow, NodeRow, RankRow
@@ -202,8 +202,8 @@ class Store:
     def fault_history(self) -> tuple[int, float | None]:
         """How many ``fault_detected`` events there are, and the time of the first event."""
         row = self._conn.execute(
-            "SELECT (SELECT COUNT(*) FROM events WHERE kind = 'fault_detected'), "
-            "(SELECT MIN(ts) FROM events)"
+            "SELECT (SELECT COUNT(*) FROM events WHERE kind = ?), (SELECT MIN(ts) FROM events)",
+            (FaultDetected.kind,),
         ).fetchone()
         return int(row[0]), row[1]
 
