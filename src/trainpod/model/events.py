@@ -47,17 +47,11 @@ The controller's ``Fault.kind`` is this module's ``cause``. ``fault`` on
 
 from __future__ import annotations
 
-import enum
-import math
-import types
-import typing
-from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar, Literal, Protocol, TypeVar, Union
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
+from trainpod.model.codec import BAD, FieldCodec, codecs_of, plain
 from trainpod.model.states import AttemptState, JobState, NodeState
-
-_COLUMNS = ("node", "job_id", "attempt")
 
 
 class EventLike(Protocol):
@@ -82,132 +76,7 @@ class StoredEventLike(EventLike, Protocol):
     def ts(self) -> float: ...
 
 
-# -- the codec behind to_row_data and parse -----------------------------------------------
-class _Bad:
-    """A value that cannot be read as the field's type."""
-
-
-_BAD: Any = _Bad()
-
-
-@dataclass(frozen=True)
-class _Field:
-    name: str
-    key: str
-    column: bool
-    decode: Callable[[Any], Any]  # returns _BAD when it cannot
-    nullable: bool
-    has_default: bool
-    omit_none: bool
-
-
-_CODECS: dict[type, tuple[_Field, ...]] = {}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def _float(v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        return _BAD
-    return float(v)
-
-
-def _int(v: Any) -> Any:
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v
-    return _BAD if (f := _float(v)) is _BAD else int(f)
-
-
-def _str(v: Any) -> Any:
-    if isinstance(v, str):
-        return v
-    return str(v) if isinstance(v, int | float) else _BAD
-
-
-def _bool(v: Any) -> Any:
-    if isinstance(v, bool):
-        return v
-    return bool(v) if isinstance(v, int) and v in (0, 1) else _BAD
-
-
-def _names(v: Any) -> Any:
-    """A list of names (a dict: its keys; one name: itself), as strings."""
-    if isinstance(v, list | tuple | dict):
-        return tuple(str(x) for x in v)
-    return (str(v),) if v else ()
-
-
-def _mapping(v: Any) -> Any:
-    """name -> name; a list of names reads as names -> "" (what they map to is unknown)."""
-    if isinstance(v, dict):
-        return {str(k): "" if x is None else str(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return {str(x): "" for x in v}
-    return _BAD
-
-
-def _choice(allowed: tuple[Any, ...]) -> Callable[[Any], Any]:
-    return lambda v: v if isinstance(v, str) and v in allowed else _BAD
-
-
-def _member(cls: type[enum.Enum]) -> Callable[[Any], Any]:
-    def decode(v: Any) -> Any:
-        try:
-            return cls(v)
-        except (ValueError, TypeError):
-            return _BAD
-
-    return decode
-
-
-_SCALARS: dict[Any, Callable[[Any], Any]] = {float: _float, int: _int, str: _str, bool: _bool}
-
-
-def _decoder(hint: Any) -> tuple[Callable[[Any], Any], bool]:
-    """How to read a value of type ``hint``, and whether None is one."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (Union, types.UnionType):
-        (inner,) = [a for a in args if a is not type(None)]
-        return _decoder(inner)[0], True
-    if hint in _SCALARS:
-        return _SCALARS[hint], False
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return _member(hint), False
-    if origin is Literal:
-        return _choice(args), False
-    if origin is tuple and args[1:] == (...,) and args[0] is str:
-        return _names, False
-    if origin is dict and args == (str, str):
-        return _mapping, False
-    raise TypeError(f"no event decoder for {hint!r}")
-
-
-def _codec_of(cls: type) -> tuple[_Field, ...]:
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in fields(cls):
-        decode, nullable = _decoder(hints[f.name])
-        column = f.name in _COLUMNS
-        out.append(
-            _Field(
-                name=f.name,
-                key=f.metadata.get("key") or f.name,
-                column=column,
-                decode=decode,
-                nullable=nullable,
-                has_default=f.default is not MISSING or f.default_factory is not MISSING,
-                omit_none=bool(f.metadata.get("omit_none")),
-            )
-        )
-    return tuple(out)
+_CODECS: dict[type, tuple[FieldCodec, ...]] = {}
 
 
 class _Base:
@@ -232,7 +101,7 @@ class _Base:
             value = getattr(self, f.name)
             if value is None and f.omit_none:
                 continue
-            out[f.key] = _plain(value)
+            out[f.key] = plain(value)
         return out
 
 
@@ -296,7 +165,7 @@ def _register(cls: _E) -> _E:
     if kind in EVENT_TYPES:
         raise TypeError(f"{cls.__name__}: kind {kind!r} is {EVENT_TYPES[kind].__name__}'s")
     EVENT_TYPES[kind] = cls
-    _CODECS[cls] = _codec_of(cls)
+    _CODECS[cls] = codecs_of(cls)
     return cls
 
 
@@ -849,8 +718,8 @@ def parse(row: EventLike) -> Event:
         values: dict[str, Any] = {}
         for f in _CODECS[cls]:
             raw = getattr(row, f.key) if f.column else data.get(f.key)
-            value = _BAD if raw is None else f.decode(raw)
-            if value is not _BAD:
+            value = BAD if raw is None else f.decode(raw)
+            if value is not BAD:
                 values[f.name] = value
             elif f.has_default:
                 continue
