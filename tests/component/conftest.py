@@ -11,6 +11,10 @@ import pytest
 from trainpod.api.models import EventInfo, JobInfo, NodeInfo, Orders
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.core import Controller
+from trainpod.controller.external import Scheduling
+from trainpod.controller.repair import Replacer
+from trainpod.controller.transitions import Transitions
+from trainpod.scheduler.base import Scheduler
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.testing import FakeAgent, FakeClock, FakeGroup, make_config
@@ -21,21 +25,42 @@ PORT = 29500
 class Cluster:
     """One controller and an agent per compute node; nothing happens until a test acts."""
 
-    def __init__(self, cfg: ControllerConfig, db: Path, clock: FakeClock) -> None:
+    def __init__(
+        self,
+        cfg: ControllerConfig,
+        db: Path,
+        clock: FakeClock,
+        replacer: Replacer | None = None,
+        scheduler: Scheduler | None = None,
+    ) -> None:
         self.cfg = cfg
         self.db = db
         self.clock = clock
+        self.replacer = replacer  # replaces nodes like new instances; None: cannot
+        self.scheduler = scheduler  # None: the embedded FIFO
         self.controller = self._start()
         self.agents = {d.name: FakeAgent(self.controller, d.name) for d in cfg.nodes}
 
     def _start(self) -> Controller:
-        controller = Controller(Store.open(self.db), self.cfg, clock=self.clock, ports=_port)
+        controller = Controller(
+            Store.open(self.db),
+            self.cfg,
+            clock=self.clock,
+            ports=_port,
+            replacer=self.replacer,
+            scheduling=self._scheduling,
+        )
         controller.bootstrap()
         return controller
 
-    def restart_controller(self) -> Controller:
-        """Close the store as a dying controller would, start a fresh one on the same file."""
+    def _scheduling(self, store: Store, cfg: ControllerConfig, tx: Transitions) -> Scheduling:
+        return Scheduling(store, cfg, tx, self.scheduler)
+
+    def restart_controller(self, replacer: Replacer | None = None) -> Controller:
+        """Close the store as a dying controller would, start a fresh one on the same file
+        (with ``replacer``, one whose backend can replace nodes)."""
         self.controller.store.close()
+        self.replacer = replacer or self.replacer
         self.controller = self._start()
         for agent in self.agents.values():
             agent.controller = self.controller
@@ -104,12 +129,14 @@ def make_cluster(tmp_path: Path) -> Iterator[MakeCluster]:
     made: list[Cluster] = []
 
     def make(
-        groups: Sequence[FakeGroup | tuple[str, int]] = (FakeGroup("workers", 2),), **kw: Any
+        groups: Sequence[FakeGroup | tuple[str, int]] = (FakeGroup("workers", 2),),
+        scheduler: Scheduler | None = None,
+        **kw: Any,
     ) -> Cluster:
         root = tmp_path / f"cluster-{len(made)}"
         cfg = make_config(root, groups=groups, **kw)
         root.mkdir()
-        cluster = Cluster(cfg, root / "state.db", FakeClock())
+        cluster = Cluster(cfg, root / "state.db", FakeClock(), scheduler=scheduler)
         made.append(cluster)
         return cluster
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from trainpod.controller.core import Controller
+from trainpod.controller.repair import Replacer
 from trainpod.store.repo import Store
 from trainpod.testing import FakeAgent, FakeClock, FakeGroup, make_config
 
@@ -25,13 +26,19 @@ TAIL = "step 7 loss 2.31\nValueError: bad batch"
 class HealingCluster(Cluster):
     """A cluster whose attempts get a new rendezvous port each (PORT, PORT+1, ...)."""
 
-    def __init__(self, cfg: Any, db: Path, clock: FakeClock) -> None:
+    def __init__(
+        self, cfg: Any, db: Path, clock: FakeClock, replacer: Replacer | None = None
+    ) -> None:
         self._next_port = itertools.count(PORT)
-        super().__init__(cfg, db, clock)
+        super().__init__(cfg, db, clock, replacer)
 
     def _start(self) -> Controller:
         controller = Controller(
-            Store.open(self.db), self.cfg, clock=self.clock, ports=lambda _: next(self._next_port)
+            Store.open(self.db),
+            self.cfg,
+            clock=self.clock,
+            ports=lambda _: next(self._next_port),
+            replacer=self.replacer,
         )
         controller.bootstrap()
         return controller
@@ -130,10 +137,15 @@ Make = Callable[..., HealingCluster]
 def make_healing_cluster(tmp_path: Path) -> Iterator[Make]:
     made: list[HealingCluster] = []
 
-    def build(groups: Sequence[FakeGroup] = (WORKERS, SPARE), **kw: Any) -> HealingCluster:
+    def build(
+        groups: Sequence[FakeGroup] = (WORKERS, SPARE),
+        replacer: Replacer | None = None,
+        **kw: Any,
+    ) -> HealingCluster:
         root = tmp_path / f"cluster-{len(made)}"
         root.mkdir()
-        c = HealingCluster(make_config(root, groups=groups, **kw), root / "state.db", FakeClock())
+        cfg = make_config(root, groups=groups, **kw)
+        c = HealingCluster(cfg, root / "state.db", FakeClock(), replacer)
         made.append(c)
         c.up()
         return c

@@ -13,6 +13,7 @@ from trainpod.api.models import HealthResult
 from trainpod.controller.core import Controller
 from trainpod.controller.ops import ClusterOps, ExternalJob, ExternalNode, Observed
 from trainpod.errors import SpecError
+from trainpod.slurm.scheduling import slurm_scheduling
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.testing import FakeAgent, FakeClock, FakeGroup, make_config
@@ -61,8 +62,12 @@ class Slurmish:
         )
         self.clock = FakeClock()
         self.ops = FakeSlurm()
-        self.controller = Controller(Store.open(root / "db.sqlite"), cfg, clock=self.clock)
-        self.controller.ops = self.ops
+        self.controller = Controller(
+            Store.open(root / "db.sqlite"),
+            cfg,
+            clock=self.clock,
+            scheduling=slurm_scheduling(self.ops),
+        )
         self.controller.bootstrap()
         self.agents: dict[str, FakeAgent] = {}
 

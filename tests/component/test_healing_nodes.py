@@ -81,7 +81,7 @@ def test_a_gpu_fault_quarantines_the_node_and_a_spare_takes_its_place(make: Make
 
     # With a repairer, the node is replaced like a new instance, deep-checked, and returns.
     repairer = FakeRepairer()
-    c.controller.repairer = repairer
+    c.restart_controller(replacer=repairer)
     c.controller.step()
     assert c.node("workers-1").state == "repairing"
     assert repairer.wait_for(1) == ["workers-1"]
@@ -117,9 +117,8 @@ def test_a_gpu_fault_quarantines_the_node_and_a_spare_takes_its_place(make: Make
 
 
 def test_failed_repairs_quarantine_again_and_finally_retire_the_node(make: Make) -> None:
-    c = make(groups=[WORKERS], retire_after=3)
     repairer = FakeRepairer()
-    c.controller.repairer = repairer
+    c = make(groups=[WORKERS], retire_after=3, replacer=repairer)
     c.agents["workers-1"].set_health("memory", "fault", "uncorrectable ECC")
     c.agents["workers-1"].beat()
     assert c.node("workers-1").state == "quarantined"
@@ -155,9 +154,8 @@ def test_failed_repairs_quarantine_again_and_finally_retire_the_node(make: Make)
 
 
 def test_a_repair_that_never_reports_fails_after_the_deadline(make: Make) -> None:
-    c = make(groups=[WORKERS], deep_check_timeout_s=60)
     repairer = FakeRepairer()
-    c.controller.repairer = repairer
+    c = make(groups=[WORKERS], deep_check_timeout_s=60, replacer=repairer)
     c.agents["workers-1"].set_health("disk", "fault", "scratch full")
     c.agents["workers-1"].beat()
     c.controller.step()

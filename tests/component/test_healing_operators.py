@@ -45,9 +45,8 @@ def test_drain_keeps_new_work_off_a_node_but_leaves_its_job_alone(make: Make) ->
 
 
 def test_an_operator_quarantine_stops_the_job_and_never_repairs_on_its_own(make: Make) -> None:
-    c = make()
     repairer = FakeRepairer()
-    c.controller.repairer = repairer
+    c = make(replacer=repairer)
     job = c.submit(auto_resume=True)
     c.start(job)
     c.controller.node_action("workers-0", NodeAction(action="quarantine", reason="bad DIMM"))
@@ -94,7 +93,7 @@ def test_replace_needs_a_backend_that_can_replace_nodes(make: Make) -> None:
     assert not c.events("node_replace")  # the refusal left no trace
 
     repairer = FakeRepairer()
-    c.controller.repairer = repairer
+    c.restart_controller(replacer=repairer)
     c.controller.node_action("workers-0", NodeAction(action="replace", reason="old"))
     assert c.node("workers-0").state == "quarantined"
     c.controller.step()

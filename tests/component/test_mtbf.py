@@ -9,7 +9,9 @@ def test_launches_carry_the_mtbf_this_cluster_has_observed(make: Make) -> None:
     c = make()
     job = c.submit(auto_resume=True)
     first = c.start(job)
-    launch_env = c.controller._launch_order(c.controller.store.attempts(job)[0], "workers-0").env
+    launch_env = c.controller.orders.launch_order(
+        c.controller.store.attempts(job)[0], "workers-0"
+    ).env
     assert "TRAINPOD_MTBF_S" not in launch_env  # no fault yet: the library's default applies
 
     c.tick(3600)  # an hour on 3 nodes, then one crash
@@ -19,7 +21,7 @@ def test_launches_carry_the_mtbf_this_cluster_has_observed(make: Make) -> None:
     c.controller.step()
     attempt = c.controller.store.attempts(job)[-1]
     assert attempt.number == 2
-    env = c.controller._launch_order(attempt, attempt.nodes[0]).env
+    env = c.controller.orders.launch_order(attempt, attempt.nodes[0]).env
     # 3 nodes x ~3600 s per fault, for a job on 2 nodes: ~5400 s.
     assert 5000 < float(env["TRAINPOD_MTBF_S"]) < 6000
     assert "1 faults in 3.00 node-hours" in env["TRAINPOD_MTBF_SOURCE"]
@@ -35,4 +37,6 @@ def test_a_job_may_set_its_own_mtbf(make: Make) -> None:
     c.teardown(job)
     c.controller.step()
     attempt = c.controller.store.attempts(job)[-1]
-    assert c.controller._launch_order(attempt, attempt.nodes[0]).env["TRAINPOD_MTBF_S"] == "60"
+    assert (
+        c.controller.orders.launch_order(attempt, attempt.nodes[0]).env["TRAINPOD_MTBF_S"] == "60"
+    )

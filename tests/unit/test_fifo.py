@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainpod.scheduler.fifo import FreeNode, Placement, QueuedJob, place
+from trainpod.scheduler.base import QueuedJob
+from trainpod.scheduler.fifo import FreeNode, Placement, place
 
 A = frozenset({"a"})
 B = frozenset({"b"})

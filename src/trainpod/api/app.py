@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
@@ -134,8 +135,17 @@ def create_app(
         return controller.event_infos(job_id=job, node=node, after=after, limit=limit)
 
     @app.post("/v1/agent/heartbeat", response_model=Orders)
-    def heartbeat(hb: Heartbeat) -> Orders:
-        return controller.heartbeat(hb)
+    async def heartbeat(hb: Heartbeat) -> Orders:
+        # Recording takes the controller's lock (a worker thread); the long poll then waits
+        # on the event loop, holding no thread, until the orders change or wait_s is up.
+        orders, version = await anyio.to_thread.run_sync(controller.beat, hb)
+        deadline = time.monotonic() + hb.wait_s
+        while hb.wait_s > 0 and orders.hash == hb.orders_hash:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await controller.wake.changed_since(version, remaining):
+                break
+            orders, version = await anyio.to_thread.run_sync(controller.orders_for, hb.node)
+        return controller.stamp(orders)
 
     return app
 

@@ -302,6 +302,12 @@ class ClusterInfo(_Model):
     shared_dir: str
     scratch_root: str
     checkpoint_uri: str
+    step_failures_in_a_row: int = Field(
+        default=0, description="reconcile steps failed in a row now (0: the loop is healthy)"
+    )
+    step_failures: int = Field(default=0, description="reconcile steps failed since start")
+    last_step_error: str = Field(default="", description="the last failed step's error")
+    last_step_error_at: float | None = None
 
 
 class LaunchPlan(_Model):

@@ -7,14 +7,21 @@ by name, the name used in the spec's ``backend:`` key.
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from trainpod.errors import SpecError
 from trainpod.paths import ClusterPaths, ClusterRecord
 from trainpod.spec.cluster import ClusterSpec
+
+if TYPE_CHECKING:  # the CLI imports backends; only the controller process needs these
+    from trainpod.controller.config import ControllerConfig
+    from trainpod.controller.core import SchedulingFactory
+    from trainpod.controller.ops import ClusterOps
+    from trainpod.controller.repair import Replacer
 
 
 @dataclass(frozen=True)
@@ -23,6 +30,15 @@ class ProcessStatus:
     pid: int | None
     alive: bool
     log: Path
+
+
+@dataclass(frozen=True)
+class ControllerParts:
+    """What a backend gives the controller process (constructor injection)."""
+
+    scheduling: SchedulingFactory | None = None  # who places jobs: None = trainpod itself
+    replacer: Replacer | None = None  # replaces a node like a new instance; None: cannot
+    ops: ClusterOps | None = None  # the external scheduler the daemon looks at, if any
 
 
 class Backend(ABC):
@@ -57,7 +73,13 @@ class Backend(ABC):
     def processes(self) -> list[ProcessStatus]:
         """The cluster's processes and whether each is alive."""
 
+    @abstractmethod
+    def controller_parts(self, record: ClusterRecord, config: ControllerConfig) -> ControllerParts:
+        """The collaborators the controller process needs from this backend."""
 
+
+_BUILTIN = {"local": "trainpod.backends.local", "slurm": "trainpod.backends.slurm"}
+"""Backends that ship with trainpod: name -> module, imported only when asked for."""
 _REGISTRY: dict[str, type[Backend]] = {}
 
 
@@ -67,14 +89,12 @@ def register(cls: type[Backend]) -> type[Backend]:
 
 
 def backend_for(name: str, paths: ClusterPaths) -> Backend:
-    _load_builtin()
+    if name not in _REGISTRY and name in _BUILTIN:
+        importlib.import_module(_BUILTIN[name])  # registers itself
     try:
         return _REGISTRY[name](paths)
     except KeyError:
+        known = sorted({*_REGISTRY, *_BUILTIN})
         raise SpecError(
-            f"backend {name!r} is not available; available: {', '.join(sorted(_REGISTRY))}"
+            f"backend {name!r} is not available; available: {', '.join(known)}"
         ) from None
-
-
-def _load_builtin() -> None:
-    from trainpod.backends import local, slurm  # noqa: F401  (register themselves)

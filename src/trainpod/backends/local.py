@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 from trainpod.agent.facts import detect_gpus
-from trainpod.backends.base import Backend, ProcessStatus, register
+from trainpod.backends.base import Backend, ControllerParts, ProcessStatus, register
 from trainpod.backends.procs import is_ours, read_pid, spawn, terminate
 from trainpod.client.http import TrainpodClient
+from trainpod.controller.config import ControllerConfig
 from trainpod.controller.ports import free_port
 from trainpod.errors import Conflict, ControllerUnavailable, Fatal
 from trainpod.paths import ClusterRecord, read_secret, write_secret
@@ -70,6 +71,10 @@ class LocalBackend(Backend):
         record.save(p.record)
         self.start()
         return record
+
+    def controller_parts(self, record: ClusterRecord, config: ControllerConfig) -> ControllerParts:
+        """trainpod places jobs itself and replaces a node by restarting its agent afresh."""
+        return ControllerParts(replacer=self.replace_node)
 
     def _new_record(self, record: ClusterRecord) -> ClusterRecord:
         """A hook for backends that record more (Slurm: its environment)."""

@@ -12,12 +12,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainpod.backends.base import ProcessStatus, register
+from trainpod.backends.base import ControllerParts, ProcessStatus, register
 from trainpod.backends.local import CONTROLLER, LocalBackend
+from trainpod.controller.config import ControllerConfig
 from trainpod.errors import Conflict, SpecError
 from trainpod.paths import ClusterRecord
 from trainpod.slurm.cli import Slurm, SlurmError
+from trainpod.slurm.ops import SlurmOps, SlurmSite
+from trainpod.slurm.scheduling import slurm_scheduling
 from trainpod.spec.cluster import ClusterSpec
+from trainpod.spec.loading import load_recorded_spec
 from trainpod.store.repo import Store
 
 
@@ -71,6 +75,20 @@ class SlurmBackend(LocalBackend):
         record = super().create(spec, spec_path)
         Path(record.shared_dir).mkdir(parents=True, exist_ok=True)
         return record
+
+    def controller_parts(self, record: ClusterRecord, config: ControllerConfig) -> ControllerParts:
+        """Slurm places the jobs (sbatch); its nodes cannot be re-provisioned from here."""
+        spec = load_recorded_spec(record)
+        site = SlurmSite(
+            cluster=spec.name,
+            state_dir=self.paths.state_dir,
+            jobs_dir=self.paths.jobs_dir,
+            groups={p: groups[0] for p, groups in config.partitions.items()},
+            env=(("PYTHONUNBUFFERED", "1"),),
+            sbatch_options=spec.slurm.sbatch_options if spec.slurm else (),
+        )
+        ops = SlurmOps(Slurm(record.env), site)
+        return ControllerParts(scheduling=slurm_scheduling(ops), ops=ops)
 
     def _new_record(self, record: ClusterRecord) -> ClusterRecord:
         return record.model_copy(update={"env": getattr(self, "_env", {})})

@@ -124,6 +124,16 @@ def describe(
         console.print("[yellow]controller unreachable[/]: `trainpod cluster start` restarts it")
         return
     console.print(f"  partitions  {info.partitions}")
+    if info.step_failures_in_a_row:
+        console.print(
+            f"[red]the reconcile loop is failing[/] ({info.step_failures_in_a_row} steps in a "
+            f"row, backing off): {info.last_step_error}\n  see the controller's log above"
+        )
+    elif info.step_failures:
+        console.print(
+            f"  reconcile   {info.step_failures} failed steps since start, recovered; "
+            f"last: {info.last_step_error}"
+        )
     console.print(nodes_table(nodes))
     for n in nodes:
         if n.state == "failed":

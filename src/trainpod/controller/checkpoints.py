@@ -98,8 +98,12 @@ class CheckpointEvents:
         ups = self.uploads.get(job_id, {})
         return {n: u.model_dump(exclude={"job_id"}) for n, u in sorted(ups.items())}
 
-    def forget(self, job_id: int) -> None:
-        self.uploads.pop(job_id, None)
+    def keep_only(self, job_ids: set[int]) -> None:
+        """Evict what was kept for jobs that have ended (a late report re-reads the store)."""
+        for stale in set(self._seen) - job_ids:
+            del self._seen[stale]
+        for stale in set(self.uploads) - job_ids:
+            del self.uploads[stale]
 
 
 def active_jobs(store: Store, node: str) -> list[int]:

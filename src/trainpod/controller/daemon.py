@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import uvicorn
@@ -19,6 +20,7 @@ from trainpod.api.models import ClusterInfo
 from trainpod.backends.base import backend_for
 from trainpod.controller.config import ControllerConfig, NodeDecl
 from trainpod.controller.core import Controller
+from trainpod.controller.external import Scheduling
 from trainpod.controller.ops import ClusterOps
 from trainpod.paths import ClusterPaths, ClusterRecord, read_secret
 from trainpod.spec.loading import load_recorded_spec
@@ -59,38 +61,58 @@ def config_from_record(record: ClusterRecord, paths: ClusterPaths) -> Controller
     )
 
 
-def run_reconciler(controller: Controller, stop: threading.Event) -> None:
-    """Call ``step()`` a few times a second, and at once when something changed."""
+STEP_BACKOFF_MAX_S = 30.0
+
+
+class StepHealth:
+    """How the reconcile loop fares: failures in a row and the last error, for
+    ``trainpod cluster describe``; a failing step backs off instead of looping hot."""
+
+    def __init__(self) -> None:
+        self.failures_in_a_row = 0
+        self.total_failures = 0
+        self.last_error = ""
+        self.last_error_at: float | None = None
+
+    def delay_s(self) -> float:
+        if not self.failures_in_a_row:
+            return STEP_INTERVAL_S
+        backoff: float = STEP_INTERVAL_S * 2.0 ** min(self.failures_in_a_row, 16)
+        return min(backoff, STEP_BACKOFF_MAX_S)
+
+
+def run_reconciler(
+    controller: Controller, stop: threading.Event, health: StepHealth | None = None
+) -> None:
+    """Call ``step()`` a few times a second, and at once when something changed. A step
+    that keeps failing backs off (up to STEP_BACKOFF_MAX_S) and records an event when a
+    run of failures starts and when it ends."""
+    health = health or StepHealth()
     while not stop.is_set():
         try:
             controller.step()
-        except Exception:  # the loop must survive a bad step; the error is logged in full
-            log.exception("reconcile step failed")
+        except Exception as exc:  # the loop must survive a bad step; the error is logged in full
+            log.exception("reconcile step failed (%d in a row)", health.failures_in_a_row + 1)
+            health.failures_in_a_row += 1
+            health.total_failures += 1
+            health.last_error = f"{type(exc).__name__}: {exc}"
+            health.last_error_at = time.time()
+            if health.failures_in_a_row == 1:
+                controller.record_step_failure(health.last_error, 1)
+            stop.wait(health.delay_s())
+            continue
+        if health.failures_in_a_row:
+            controller.record_step_failure("", health.failures_in_a_row)
+            health.failures_in_a_row = 0
         controller.wakeup.wait(STEP_INTERVAL_S)
 
 
-def slurm_ops(record: ClusterRecord, paths: ClusterPaths, config: ControllerConfig) -> ClusterOps:
-    from trainpod.slurm.cli import Slurm
-    from trainpod.slurm.ops import SlurmOps, SlurmSite
-
-    spec = load_recorded_spec(record)
-    site = SlurmSite(
-        cluster=spec.name,
-        state_dir=paths.state_dir,
-        jobs_dir=paths.jobs_dir,
-        groups={p: groups[0] for p, groups in config.partitions.items()},
-        env=(("PYTHONUNBUFFERED", "1"),),
-        sbatch_options=spec.slurm.sbatch_options if spec.slurm else (),
-    )
-    return SlurmOps(Slurm(record.env), site)
-
-
-def run_observer(controller: Controller, stop: threading.Event) -> None:
+def run_observer(controller: Controller, ops: ClusterOps, stop: threading.Event) -> None:
     """Look at the external scheduler every OBSERVE_INTERVAL_S (Slurm commands run outside
     the controller's lock) and apply what changed."""
     while not stop.wait(OBSERVE_INTERVAL_S):
         try:
-            obs = controller.ops.observe(controller.external_ids())
+            obs = ops.observe(controller.external_ids())
             if obs is not None:
                 controller.observe(obs)
         except Exception:  # Slurm may be briefly unreachable; the next look retries
@@ -110,12 +132,12 @@ def main(argv: list[str] | None = None) -> None:
     record = ClusterRecord.load(paths)
     config = config_from_record(record, paths)
     store = Store.open(paths.db)
-    controller = Controller(store, config)
-    if record.backend == "slurm":
-        controller.ops = slurm_ops(record, paths, config)
-    else:
-        controller.repairer = backend_for(record.backend, paths).replace_node
+    parts = backend_for(record.backend, paths).controller_parts(record, config)
+    controller = Controller(
+        store, config, scheduling=parts.scheduling or Scheduling, replacer=parts.replacer
+    )
     controller.bootstrap()
+    health = StepHealth()
 
     def info() -> ClusterInfo:
         nodes, jobs = controller.counts()
@@ -130,6 +152,10 @@ def main(argv: list[str] | None = None) -> None:
             shared_dir=record.shared_dir,
             scratch_root=record.scratch_root,
             checkpoint_uri=record.checkpoint_uri,
+            step_failures_in_a_row=health.failures_in_a_row,
+            step_failures=health.total_failures,
+            last_step_error=health.last_error,
+            last_step_error_at=health.last_error_at,
         )
 
     app = create_app(
@@ -139,10 +165,12 @@ def main(argv: list[str] | None = None) -> None:
         info=info,
     )
     stop = threading.Event()
-    loop = threading.Thread(target=run_reconciler, args=(controller, stop), daemon=True)
+    loop = threading.Thread(target=run_reconciler, args=(controller, stop, health), daemon=True)
     loop.start()
-    if not controller.ops.places_jobs:
-        watch = threading.Thread(target=run_observer, args=(controller, stop), daemon=True)
+    if parts.ops is not None:
+        watch = threading.Thread(
+            target=run_observer, args=(controller, parts.ops, stop), daemon=True
+        )
         watch.start()
     log.info("controller for %s listening on %s", record.name, record.url)
     try:

@@ -1,267 +1,124 @@
-"""Jobs placed by an external scheduler (Slurm): allocations, requeues, Slurm's view.
+"""Who places jobs: trainpod itself (the embedded backend) or an external scheduler.
 
-With an external scheduler the controller does not choose nodes. A job is submitted there
-(``sbatch``); when it runs, one agent per allocated node registers with ``allocation`` =
-the trainpod job id, and the job starts on the first ``nodes`` of them. The others are the
-job's hot spares: recovery only ever picks spares from the job's own allocation. With none
-left, the job is requeued in Slurm (the bad nodes drained and excluded) and starts again,
-from its checkpoint, when Slurm runs it again.
-
-Agents of an allocation that was requeued or ended are stale: they are told to leave and
-never used again (their ``allocation_round``, Slurm's restart count, is behind).
+:class:`Scheduling` is the one seam where the two differ; the controller holds one
+instance and never asks which it is. :class:`EmbeddedScheduling` is trainpod's own
+placement (FIFO gangs over the spec's nodes); Slurm's lives in
+:mod:`trainpod.slurm.scheduling`. Every method runs under the controller's lock, inside
+its store transaction.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Any
-
-from trainpod.controller.base import ControllerBase
-from trainpod.controller.ops import ClusterOps, Observed
-from trainpod.controller.states import AttemptState, JobState, NodeState, RankState
-from trainpod.errors import TrainpodError
-from trainpod.store.rows import JobRow, NodeRow
-
-log = logging.getLogger(__name__)
-
-REQUEUED = "job_requeued"
-ORPHAN_GRACE_S = 10.0
-"""How long a Slurm job may outlive its trainpod job (its agents leaving) before a scancel."""
-_HELD = {NodeState.QUARANTINED, NodeState.REPAIRING, NodeState.RETIRED}
+from trainpod.api.models import Heartbeat, LaunchPlan
+from trainpod.controller.config import ControllerConfig
+from trainpod.controller.ops import Observed
+from trainpod.controller.states import NodeState
+from trainpod.controller.transitions import Transitions
+from trainpod.errors import SpecError
+from trainpod.scheduler.base import NodeSlot, Scheduler
+from trainpod.scheduler.fifo import FifoScheduler
+from trainpod.spec.job import JobSpec
+from trainpod.store.repo import Store
+from trainpod.store.rows import AttemptRow, JobRow, NodeRow
 
 
-class ExternalMixin(ControllerBase):
-    ops: ClusterOps
-    _stale_agents: set[str]
-    _reaped: set[int]
-    _released: set[tuple[int, str]]
-    """Agents of a requeued or ended allocation: told to leave, never used."""
+class Scheduling:
+    """The embedded answers; an external scheduler overrides what it does differently."""
 
-    @property
-    def external(self) -> bool:
-        """True when an external scheduler places the jobs (Slurm)."""
-        return not self.ops.places_jobs
+    def __init__(
+        self,
+        store: Store,
+        config: ControllerConfig,
+        tx: Transitions,
+        scheduler: Scheduler | None = None,
+    ) -> None:
+        self.store = store
+        self.cfg = config
+        self.tx = tx
+        self.scheduler = scheduler or FifoScheduler()
 
-    # -- submission ---------------------------------------------------------------------
-    def _submit_external(self, job_id: int, spec: Any, now: float) -> None:
-        """sbatch the job (inside the submit transaction: a refusal leaves no job behind).
+    #: the spec's nodes exist from the start (an external scheduler's appear with agents)
+    declares_nodes = True
+    #: a quarantined node can be checked in place through its live agent (no re-provision)
+    checks_in_place = False
 
-        An interactive job (``trainpod alloc``) gets its script written instead; the CLI
-        runs it under ``salloc`` and the job's id in Slurm arrives with its agents."""
-        if spec.interactive:
-            script = self.cfg.jobs_dir / str(job_id) / "alloc.sh"
-            script.parent.mkdir(parents=True, exist_ok=True)
-            script.write_text(self.ops.render(job_id, spec) or "")
-            self.store.add_event(now, "external_script", job_id=job_id, path=str(script))
-            return
-        ext = self.ops.submit(job_id, spec)
-        self.store.update_job(job_id, now, external=ext)
-        self.store.add_event(now, "external_submitted", job_id=job_id, external_id=ext)
-
-    def _ops_call(self, what: str, now: float, fn: Any, *args: Any, **extra: Any) -> bool:
-        """Run a best-effort scheduler operation; a failure becomes an event, not a crash."""
-        try:
-            fn(*args)
-            return True
-        except TrainpodError as exc:
-            log.warning("%s failed: %s", what, exc)
-            self.store.add_event(now, "external_error", action=what, error=str(exc), **extra)
-            return False
-
-    # -- allocations --------------------------------------------------------------------
-    def _requeues(self, job_id: int) -> int:
-        return self.store.count_events(job_id, REQUEUED)
-
-    def _stale_allocation(self, allocation: int | None, round_: int) -> bool:
-        """Whether an agent of ``allocation`` (Slurm restart ``round_``) must not be used."""
-        if allocation is None or not self.external:
-            return False
-        job = self.store.job(allocation)
-        return job is None or round_ < self._requeues(allocation)
-
-    def _schedule_allocations(self, now: float) -> bool:
-        """Start queued jobs whose allocation has enough idle agents; True if any started."""
-        started = False
-        for job_id in self.store.job_ids([JobState.QUEUED]):
-            job = self._job(job_id)
-            spec = self._spec(job)
-            pool = sorted(
-                (
-                    n
-                    for n in self.store.nodes()
-                    if n.allocation == job_id
-                    and n.state is NodeState.IDLE
-                    and not n.drained
-                    and n.job_id is None
-                ),
-                key=lambda n: n.name,
+    # -- submission -------------------------------------------------------------------------
+    def check_spec(self, spec: JobSpec, part: str, members: int, spares: int) -> None:
+        """Refuse a job that can never run here (``members``: the partition's nodes)."""
+        slurm_only = spec.slurm_only()
+        if slurm_only:
+            raise SpecError(
+                f"{', '.join(slurm_only)} only apply on a Slurm cluster; cluster "
+                f"{self.cfg.cluster} uses the {self.cfg.backend} backend (its hot spares are "
+                "the spec's spare groups); remove them"
             )
-            if len(pool) < spec.nodes:
-                continue
-            earlier = self.store.attempts(job_id)
-            reason = f"requeued: {job.reason}" if earlier else ""
-            self._start_attempt(job, [n.name for n in pool[: spec.nodes]], now, reason)
-            started = True
-        return started
+        if spec.nodes > members:
+            raise SpecError(
+                f"the job asks for {spec.nodes} nodes but partition {part!r} has "
+                f"{members} schedulable nodes ({spares} hot spares are held back for "
+                f"recovery); ask for --nodes {members} or fewer"
+            )
 
-    def _requeue(self, job: JobRow, bad: list[str], reason: str, now: float) -> None:
-        """No spare left in the allocation: requeue in Slurm without the bad nodes.
+    def submitted(self, job_id: int, spec: JobSpec, now: float) -> None:
+        """The job was queued (inside the submit transaction)."""
 
-        The store changes come first (a bug there rolls the transaction back before Slurm
-        was touched); a refused requeue then fails the job with Slurm's message."""
-        self._release_nodes(job.id, self._held_nodes(job.id), now)
-        for node in self.store.nodes():
-            if node.allocation == job.id and node.state not in _HELD:
-                self._set_node(node, NodeState.STOPPED, now, reason="allocation requeued")
-            if node.allocation == job.id:
-                self.store.update_node(node.name, now, allocation=None, job_id=None)
-        if job.state is not JobState.RECOVERING:
-            self._set_job(job, JobState.RECOVERING, now, reason=reason)
-        self._set_job(self._job(job.id), JobState.QUEUED, now, reason=reason)
-        self.store.add_event(
-            now, REQUEUED, job_id=job.id, external_id=job.external, exclude=bad, reason=reason
+    def dry_run(self, spec: JobSpec, part: str) -> LaunchPlan | None:
+        """The external scheduler's plan for ``spec``; None: trainpod plans it."""
+        return None
+
+    def cancelled(self, job: JobRow, now: float) -> None:
+        """The job's cancel was requested."""
+
+    # -- nodes ------------------------------------------------------------------------------
+    def unknown_node(self, hb: Heartbeat, now: float) -> NodeRow | None:
+        """A heartbeat from a node the store does not know: declare it, or None."""
+        return None
+
+    def heartbeat(self, node: NodeRow, hb: Heartbeat, now: float) -> NodeRow:
+        """Allocation bookkeeping of an agent's beat; returns the node as it is now."""
+        return node
+
+    def leave_code(self, row: NodeRow | None) -> int | None:
+        """The exit code an agent must leave with (its job is over), or None to stay."""
+        return None
+
+    def slot(self, node: NodeRow) -> NodeSlot:
+        """The node as the scheduler sees it."""
+        free = (
+            node.state is NodeState.IDLE
+            and not node.spare
+            and node.role == "compute"
+            and not node.drained
         )
-        ok = self._ops_call("requeue", now, self.ops.requeue, job.external, bad, job_id=job.id)
-        if not ok:
-            self._set_job(
-                self._job(job.id), JobState.FAILED, now, reason=f"{reason}; requeue failed"
-            )
+        return NodeSlot(node.name, node.group, free, node.allocation)
 
-    def _allocation_gone(self, node: NodeRow, now: float) -> bool:
-        """A node whose allocation ended or was requeued: its agent went with it (Slurm
-        kills it, maybe before it said goodbye). Not a fault. True if handled."""
-        if node.allocation is None or not self.external:
-            return False
-        job = self.store.job(node.allocation)
-        if job is not None and not job.state.ended:
-            return False
-        if node.state not in _HELD:
-            self._set_node(node, NodeState.STOPPED, now, reason="allocation ended")
-        self.store.update_node(node.name, now, allocation=None, job_id=None)
-        return True
+    def allocation_gone(self, node: NodeRow, now: float) -> bool:
+        """A silent node whose allocation ended (not a fault); True if handled."""
+        return False
 
-    # -- Slurm's view -------------------------------------------------------------------
-    def external_ids(self) -> list[str]:
-        """Slurm ids of the jobs to look at: live ones and those ended in the last hour."""
-        with self._lock:
-            now = self.clock.now()
-            return [
-                j.external
-                for j in self.store.jobs()
-                if j.external and (not j.state.ended or now - (j.ended_at or now) < 3600)
-            ]
+    def recovery_pool(self, job_id: int, rows: list[NodeRow]) -> list[NodeRow]:
+        """The nodes recovery may give ``job_id``: all of them here."""
+        return rows
 
-    def _reap_orphans(self, obs: Observed, now: float) -> None:
-        """End Slurm jobs still running after their trainpod job ended. Normally the agents
-        leave and the batch script exits; when the batch host died, Slurm (--no-kill) keeps
-        the shrunk allocation running with no script to end it."""
-        for job in self.store.jobs([JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED]):
-            ext = obs.jobs.get(job.external) if job.external else None
-            if ext is None or ext.ended or ext.state == "PENDING":
-                continue
-            if now - (job.ended_at or now) < ORPHAN_GRACE_S:
-                continue
-            if job.id in self._reaped:
-                continue
-            self._reaped.add(job.id)
-            if self._ops_call("cancel", now, self.ops.cancel, job.external, job_id=job.id):
-                self.store.add_event(
-                    now, "external_reaped", job_id=job.id, external_id=job.external, was=ext.state
-                )
+    def drain(self, node: str, reason: str, now: float) -> None:
+        """Tell the external scheduler a node is out of service."""
 
-    def observe(self, obs: Observed) -> None:
-        """Apply one look at Slurm: jobs that ended there, pending reasons, DOWN nodes."""
-        now = self.clock.now()
-        with self._lock, self.store.transaction():
-            for job in self.store.jobs([s for s in JobState if not s.ended]):
-                ext = obs.jobs.get(job.external) if job.external else None
-                if ext is None:
-                    continue
-                if ext.ended:
-                    self._end_external(job, f"Slurm job {ext.id} ended: {ext.state}", now)
-                elif ext.restarts > self._requeues(job.id):
-                    self._requeued_by_slurm(job, ext.restarts, now)
-                elif job.state is JobState.QUEUED and ext.state == "PENDING":
-                    self._pending(job, ext.id, ext.reason, now)
-            self._reap_orphans(obs, now)
-            for node in self.store.nodes():
-                seen = obs.nodes.get(node.name)
-                if node.allocation is None or seen is None or not seen.down:
-                    continue
-                if node.state in _HELD or node.state is NodeState.STOPPED:
-                    continue
-                self._slurm_down(node, seen.reason or seen.state, now)
-            self._bump()
+    def resume(self, node: str, now: float) -> None:
+        """Tell the external scheduler a node is back."""
 
-    def _pending(self, job: JobRow, external: str, reason: str, now: float) -> None:
-        """Show why Slurm keeps the job pending; release a job Slurm held after a failed
-        launch (a node died under a requeued job): trainpod handles node faults itself."""
-        base = (
-            job.reason.split("; pending in Slurm")[0] if job.reason.startswith("requeued") else ""
-        )
-        why = "pending in Slurm" + (f": {reason}" if reason else "")
-        why = f"{base}; {why}" if base else why
-        if job.reason != why:
-            self.store.update_job(job.id, now, reason=why)
-        held = "launch failed" in reason.lower() or "requeued held" in reason.lower()
-        if held and not job.cancel_requested and (job.id, reason) not in self._released:
-            self._released.add((job.id, reason))
-            if self._ops_call("release", now, self.ops.release, external, job_id=job.id):
-                self.store.add_event(
-                    now, "external_released", job_id=job.id, external_id=external, reason=reason
-                )
+    # -- recovery ---------------------------------------------------------------------------
+    def requeue(self, job: JobRow, attempt: AttemptRow, bad: list[str], now: float) -> str | None:
+        """No spare is left: requeue the job elsewhere if this scheduler can (returns the
+        reason), else None (the job waits for a spare here)."""
+        return None
 
-    def _slurm_down(self, node: NodeRow, why: str, now: float) -> None:
-        raise NotImplementedError  # the recovery mixin quarantines
+    # -- the external scheduler's view ------------------------------------------------------
+    def external_ids(self, now: float) -> list[str]:
+        return []
 
-    def _requeued_by_slurm(self, job: JobRow, restarts: int, now: float) -> None:
-        """Slurm requeued the job itself (its batch host failed: NODE_FAIL with --requeue).
-        The running attempt is gone with the allocation; the job waits for the new one."""
-        reason = "Slurm requeued the job (a node of its allocation failed)"
-        self._end_attempts(job, cancelled=False, now=now)
-        for node in self.store.nodes():
-            if node.allocation == job.id:
-                if node.state not in _HELD:
-                    self._set_node(node, NodeState.STOPPED, now, reason="allocation requeued")
-                self.store.update_node(node.name, now, allocation=None, job_id=None)
-        for _ in range(restarts - self._requeues(job.id)):
-            self.store.add_event(
-                now, REQUEUED, job_id=job.id, external_id=job.external, by="slurm", reason=reason
-            )
-        job = self._job(job.id)
-        if job.state is JobState.QUEUED:
-            self.store.update_job(job.id, now, reason=reason)
-            return
-        if job.state is not JobState.RECOVERING:
-            if job.state in (JobState.RUNNING, JobState.STARTING):
-                self._set_job(job, JobState.RECOVERING, now, reason=reason)
-            else:
-                self._set_job(job, JobState.STOPPING, now, reason=reason)
-                self._set_job(self._job(job.id), JobState.RECOVERING, now, reason=reason)
-        self._set_job(self._job(job.id), JobState.QUEUED, now, reason=f"requeued: {reason}")
+    def observe(self, obs: Observed, now: float) -> list[tuple[NodeRow, str]]:
+        """Apply one look at the external scheduler; the nodes it reports down, and why."""
+        return []
 
-    def _end_attempts(self, job: JobRow, *, cancelled: bool, now: float) -> None:
-        """End the job's live attempts whose ranks went with the allocation (ranks LOST)."""
-        for attempt in self.store.attempts(job.id):
-            if attempt.state.ended:
-                continue
-            for r in self.store.ranks(attempt.id):
-                if not r.state.ended:
-                    self.store.update_rank(attempt.id, r.rank, state=RankState.LOST, ended_at=now)
-            if cancelled and attempt.state is not AttemptState.STOPPING:
-                self._set_attempt(attempt, AttemptState.STOPPING, now, cause="cancelled")
-                attempt = self.store.attempt(attempt.id) or attempt
-            final = AttemptState.CANCELLED if cancelled else AttemptState.FAILED
-            self._set_attempt(attempt, final, now, cause=attempt.cause or "external")
 
-    def _end_external(self, job: JobRow, reason: str, now: float) -> None:
-        """Slurm ended the job (time limit, scancel, node failure): end it here too."""
-        cancelled = "CANCELLED" in reason
-        self._end_attempts(job, cancelled=cancelled, now=now)
-        self._release_nodes(job.id, self._held_nodes(job.id), now)
-        job = self._job(job.id)
-        if job.state is JobState.RUNNING or job.state is JobState.STARTING:
-            self._set_job(job, JobState.STOPPING, now, reason=reason)
-            job = self._job(job.id)
-        final_job = JobState.CANCELLED if cancelled or job.cancel_requested else JobState.FAILED
-        self._set_job(job, final_job, now, reason=reason)
+EmbeddedScheduling = Scheduling

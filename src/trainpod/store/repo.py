@@ -344,6 +344,36 @@ class Store:
         )
         return [AttemptRow.from_sql(r) for r in rows]
 
+    def attempts_of_jobs(self, job_ids: Sequence[int]) -> dict[int, list[AttemptRow]]:
+        """Every attempt of ``job_ids`` in one query (list views), by job, oldest first."""
+        out: dict[int, list[AttemptRow]] = {j: [] for j in job_ids}
+        if not job_ids:
+            return out
+        rows = self._conn.execute(
+            "SELECT a.* FROM attempts a JOIN json_each(?) j ON a.job_id = j.value "
+            "ORDER BY a.job_id, a.number",
+            (json.dumps(list(job_ids)),),
+        )
+        for r in rows:
+            a = AttemptRow.from_sql(r)
+            out[a.job_id].append(a)
+        return out
+
+    def ranks_of_attempts(self, attempt_ids: Sequence[int]) -> dict[int, list[RankRow]]:
+        """Every rank of ``attempt_ids`` in one query (list views), by attempt, in order."""
+        out: dict[int, list[RankRow]] = {a: [] for a in attempt_ids}
+        if not attempt_ids:
+            return out
+        rows = self._conn.execute(
+            "SELECT r.* FROM ranks r JOIN json_each(?) j ON r.attempt_id = j.value "
+            "ORDER BY r.attempt_id, r.rank",
+            (json.dumps(list(attempt_ids)),),
+        )
+        for r in rows:
+            rank = RankRow.from_sql(r)
+            out[rank.attempt_id].append(rank)
+        return out
+
     def update_attempt(self, attempt_id: int, **fields: Any) -> None:
         sets, args = _sets(fields, _ATTEMPT_COLUMNS)
         self._conn.execute(f"UPDATE attempts SET {sets} WHERE id = ?", [*args, attempt_id])

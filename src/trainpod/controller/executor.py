@@ -1,0 +1,435 @@
+"""Applying decisions: the recovery ladder's and the scheduler's, in one place.
+
+The decisions come from pure functions: :func:`trainpod.controller.judge.judge` (what an
+attempt's ranks mean), :func:`trainpod.controller.policy.decide` (the recovery ladder) and
+the scheduler's ``plan`` (:mod:`trainpod.scheduler`). :class:`Executor` applies them to the
+store. Every step is an event: ``fault_detected``, ``recovery_decision``, node state
+changes, ``attempt_created`` for a placement or a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from trainpod.controller import judge as judging
+from trainpod.controller import progress
+from trainpod.controller.books import BeaconBook
+from trainpod.controller.config import ControllerConfig
+from trainpod.controller.external import Scheduling
+from trainpod.controller.policy import (
+    Decision,
+    Fail,
+    Fault,
+    FaultKind,
+    JobView,
+    NodeView,
+    Restart,
+    Wait,
+    crash_signature,
+    decide,
+)
+from trainpod.controller.states import AttemptState, JobState, NodeState
+from trainpod.controller.transitions import HEALTHY_NODE_STATES, HELD_NODE_STATES, Transitions
+from trainpod.scheduler.base import Hold, Place, Preempt, SchedulerDecision
+from trainpod.store.repo import Store
+from trainpod.store.rows import AttemptRow, JobRow, NodeRow
+
+log = logging.getLogger(__name__)
+
+_COUNTING = {FaultKind.CRASH.value, FaultKind.HANG.value}
+CAUSE_PREEMPTED = "preempted"
+_FAULTY = HELD_NODE_STATES | {NodeState.SUSPECT}
+
+
+class Executor:
+    def __init__(
+        self,
+        store: Store,
+        config: ControllerConfig,
+        tx: Transitions,
+        scheduling: Scheduling,
+        beacons: BeaconBook,
+    ) -> None:
+        self.store = store
+        self.cfg = config
+        self.tx = tx
+        self.scheduling = scheduling
+        self.beacons = beacons
+        self.holds: dict[int, str] = {}
+        """Why each queued job waits, as the scheduler said on its last pass."""
+
+    # -- the scheduler's decisions ------------------------------------------------------------
+    def schedule(self, decisions: Iterable[SchedulerDecision], now: float) -> bool:
+        """Apply one scheduling pass; True if anything changed in the store."""
+        changed = False
+        holds: dict[int, str] = {}
+        for d in decisions:
+            if isinstance(d, Hold):
+                holds[d.job_id] = d.reason
+            elif isinstance(d, Place):
+                self.tx.start_attempt(self.tx.job(d.job_id), list(d.nodes), now, d.restart_reason)
+                changed = True
+            else:
+                changed |= self.preempt(d, now)
+        self.holds = holds
+        return changed
+
+    def preempt(self, d: Preempt, now: float) -> bool:
+        """Stop a running job so that it can be queued again; its ranks get ``grace_s``."""
+        attempt = self.tx.active_attempt(d.job_id)
+        if attempt is None or attempt.state is AttemptState.STOPPING:
+            return False
+        self.store.add_event(
+            now, "job_preempted", job_id=d.job_id, attempt=attempt.number, reason=d.reason
+        )
+        failure = {"reason": d.reason, "grace_s": d.grace_s, "nodes": list(attempt.nodes)}
+        self.stop_attempt(attempt, CAUSE_PREEMPTED, failure, now)
+        return True
+
+    # -- attempts -----------------------------------------------------------------------------
+    def reconcile(self, attempt_id: int, now: float, tails: dict[int, str]) -> None:
+        """Judge an attempt's ranks; move it (and its job) on if they say so."""
+        attempt = self.store.attempt(attempt_id)
+        if attempt is None:
+            return
+        job = self.tx.job(attempt.job_id)
+        ranks = self.store.ranks(attempt.id)
+        verdict = judging.judge(attempt, ranks, cancel_requested=job.cancel_requested, tails=tails)
+        if verdict is None:
+            return
+        fields: dict[str, Any] = {}
+        if verdict.state is AttemptState.RUNNING:
+            fields["started_at"] = now
+        if verdict.cause:
+            fields["cause"] = verdict.cause
+        if verdict.failure:
+            fields["failure"] = verdict.failure
+        self.tx.set_attempt(attempt, verdict.state, now, **fields)
+        ended = self.store.attempt(attempt.id)
+        assert ended is not None
+        self._after_attempt(self.tx.job(job.id), ended, verdict, now)
+
+    def stop_attempt(
+        self, attempt: AttemptRow, cause: str, failure: dict[str, Any], now: float
+    ) -> None:
+        """Begin tearing an attempt down because of something seen outside its ranks (a
+        fault, a preemption), and record the fault now."""
+        if attempt.state.ended or attempt.state is AttemptState.STOPPING:
+            return
+        self.tx.set_attempt(attempt, AttemptState.STOPPING, now, cause=cause, failure=failure)
+        job = self.tx.job(attempt.job_id)
+        if job.state in (JobState.STARTING, JobState.RUNNING):
+            self.tx.set_job(job, JobState.STOPPING, now, reason=failure.get("reason", cause))
+        self.reconcile(attempt.id, now, {})
+        stopped = self.store.attempt(attempt.id)
+        if stopped is not None and stopped.state is AttemptState.STOPPING:
+            self._note_fault(stopped, now)  # ended at once: _after_attempt noted it
+
+    def _after_attempt(
+        self, job: JobRow, attempt: AttemptRow, verdict: judging.Verdict, now: float
+    ) -> None:
+        state = verdict.state
+        if state is AttemptState.RUNNING:
+            self.tx.set_job(job, JobState.RUNNING, now, started_at=job.started_at or now)
+            if job.started_at is None:
+                self.store.add_event(now, "job_first_start", job_id=job.id)
+            return
+        if state is AttemptState.STOPPING:
+            self._note_fault(attempt, now)
+            if not job.state.ended and job.state is not JobState.STOPPING:
+                cancelling = verdict.cause == judging.CAUSE_CANCEL
+                why = "cancelling" if cancelling else _reason(verdict.failure)
+                self.tx.set_job(job, JobState.STOPPING, now, reason=why)
+            return
+        if not state.ended:
+            return
+        self._log_progress(attempt, now)
+        if state is AttemptState.SUCCEEDED:
+            self.tx.release_all(job.id, now)
+            self.tx.set_job(job, JobState.COMPLETED, now, reason="")
+        elif state is AttemptState.CANCELLED:
+            self.tx.release_all(job.id, now)
+            self.tx.set_job(job, JobState.CANCELLED, now, reason="cancelled by request")
+        elif attempt.cause == CAUSE_PREEMPTED and not job.cancel_requested:
+            self._requeue_preempted(job, attempt, now)
+        else:
+            if verdict.failure and not attempt.failure.get("noted"):
+                self._note_fault(attempt, now)
+            self._recover(self.tx.job(job.id), attempt, now)
+
+    def _requeue_preempted(self, job: JobRow, attempt: AttemptRow, now: float) -> None:
+        reason = f"preempted: {attempt.failure.get('reason', '')}"
+        self.tx.release_all(job.id, now)
+        if job.state is not JobState.RECOVERING:
+            self.tx.set_job(job, JobState.RECOVERING, now, reason=reason)
+        self.tx.set_job(self.tx.job(job.id), JobState.QUEUED, now, reason=reason)
+
+    def _note_fault(self, attempt: AttemptRow, now: float) -> None:
+        """Record ``fault_detected`` once per attempt, with when the fault really happened."""
+        failure = dict(attempt.failure)
+        skip = (judging.CAUSE_CANCEL, CAUSE_PREEMPTED)
+        if not failure or failure.get("noted") or attempt.cause in skip:
+            return
+        fault_at = failure.get("fault_at")
+        if fault_at is None and "rank" in failure:
+            rank = next(
+                (r for r in self.store.ranks(attempt.id) if r.rank == failure["rank"]), None
+            )
+            fault_at = rank.ended_at if rank and rank.ended_at else now
+            if failure.get("lost"):
+                node = self.store.node(failure.get("node", ""))
+                fault_at = node.last_heartbeat if node and node.last_heartbeat else now
+        failure.update(noted=True, fault_at=fault_at or now)
+        self.store.update_attempt(attempt.id, failure=failure)
+        self.store.add_event(
+            now,
+            "fault_detected",
+            job_id=attempt.job_id,
+            attempt=attempt.number,
+            node=failure.get("node"),
+            fault=attempt.cause,
+            fault_at=failure["fault_at"],
+            reason=failure.get("reason") or judging.describe_failure(failure),
+            rank=failure.get("rank"),
+            nodes=failure.get("nodes", [failure.get("node")]),
+        )
+
+    def _log_progress(self, attempt: AttemptRow, now: float) -> None:
+        summary = progress.summarise(self.beacons.forget(attempt.id))
+        if summary:
+            self.store.add_event(
+                now, "attempt_progress", job_id=attempt.job_id, attempt=attempt.number, **summary
+            )
+
+    # -- deciding -------------------------------------------------------------------------
+    def fault_of(self, attempt: AttemptRow) -> Fault:
+        f = attempt.failure
+        known = f.get("classified")
+        if known:  # decided when the attempt ended; node states have moved on since
+            return Fault(
+                FaultKind(known["kind"]), known["reason"], tuple(known["nodes"]), known["signature"]
+            )
+        try:
+            kind = FaultKind(attempt.cause)
+        except ValueError:
+            kind = FaultKind.CRASH
+        nodes = tuple(f.get("nodes") or ([f["node"]] if f.get("node") else []))
+        reason = f.get("reason") or judging.describe_failure(f) or kind.value
+        if kind is FaultKind.CRASH:
+            # A rank that dies with its hardware, or whose peer's node died (Gloo/NCCL fail
+            # at once with "connection closed"), is a node fault, not the job's: look at
+            # every node of the attempt, not only the one whose rank exited first.
+            held = [
+                (n, row)
+                for n in attempt.nodes
+                if (row := self.store.node(n))
+                and row.state in HELD_NODE_STATES | {NodeState.SUSPECT}
+            ]
+            if held:
+                name, row = held[0]
+                lost = row.state is NodeState.SUSPECT  # silent: quarantined in this same step
+                default = FaultKind.NODE_LOST if lost else FaultKind.GPU_FAULT
+                try:
+                    node_kind = FaultKind(row.repair.get("kind") or default.value)
+                except ValueError:
+                    node_kind = default
+                return Fault(
+                    node_kind,
+                    f"{reason}; {name} failed at the same time: {row.reason}",
+                    tuple(n for n, _ in held),
+                )
+            sig = crash_signature(f.get("exit_code"), f.get("signal"), f.get("log_tail", ""))
+            return Fault(kind, reason, nodes, sig)
+        return Fault(kind, reason, nodes)
+
+    def node_views(self, job_id: int | None = None) -> list[NodeView]:
+        """The nodes recovery may choose from (for ``job_id``: the ones the scheduling
+        strategy allows it, e.g. on Slurm only its own allocation)."""
+        rows = self.store.nodes()
+        if job_id is not None:
+            rows = self.scheduling.recovery_pool(job_id, rows)
+        return [
+            NodeView(
+                name=n.name,
+                group=n.group,
+                spare=n.spare,
+                healthy=n.state in HEALTHY_NODE_STATES and not n.drained,
+                free=n.state is NodeState.IDLE
+                and not n.drained
+                and n.job_id is None
+                and n.role == "compute",
+            )
+            for n in sorted(rows, key=self.tx.node_order)
+        ]
+
+    def _recover(self, job: JobRow, attempt: AttemptRow, now: float) -> None:
+        spec = self.tx.spec(job)
+        attempts = self.store.attempts(job.id)
+        earlier = [a for a in attempts if a.number < attempt.number]
+        part = spec.partition or self.cfg.default_partition
+        view = JobView(
+            id=job.id,
+            auto_resume=spec.auto_resume,
+            max_restarts=spec.max_restarts
+            if spec.max_restarts is not None
+            else self.cfg.max_restarts,
+            restarts_used=sum(self.fault_of(a).kind.value in _COUNTING for a in earlier),
+            node_restarts_used=_trailing(self.fault_of(a).kind.node_fault for a in earlier),
+            nodes=spec.nodes,
+            min_nodes=spec.min_nodes,
+            groups=frozenset(self.cfg.partitions.get(part, [])),
+            attempt_nodes=tuple(attempt.nodes),
+            previous=self.fault_of(earlier[-1]) if earlier else None,
+        )
+        fault = self.fault_of(attempt)
+        current = self.store.attempt(attempt.id)
+        if current is not None and "classified" not in current.failure:
+            classified = {
+                "kind": fault.kind.value,
+                "reason": fault.reason,
+                "nodes": list(fault.nodes),
+                "signature": fault.signature,
+            }
+            self.store.update_attempt(
+                attempt.id, failure={**current.failure, "classified": classified}
+            )
+            if fault.kind.value != attempt.cause:
+                # What looked like one thing when detected turned out another once torn down
+                # (a peer's crash caused by a node that died): say so, the log stays true.
+                self.store.add_event(
+                    now,
+                    "fault_classified",
+                    job_id=job.id,
+                    attempt=attempt.number,
+                    node=fault.nodes[0] if fault.nodes else None,
+                    fault=fault.kind.value,
+                    was=attempt.cause,
+                    nodes=list(fault.nodes),
+                    reason=fault.reason,
+                )
+        decision = decide(view, fault, self.node_views(job.id))
+        if job.cancel_requested and not isinstance(decision, Fail):
+            # Cancelled while its fault was being torn down: never restart it.
+            self.tx.release_all(job.id, now)
+            self.tx.set_job(job, JobState.CANCELLED, now, reason="cancelled by request")
+            self.tx.wake.bump()
+            return
+        self.execute(job, attempt, fault, decision, now)
+
+    def execute(
+        self, job: JobRow, attempt: AttemptRow, fault: Fault, decision: Decision, now: float
+    ) -> None:
+        """Apply a recovery decision for ``job``, whose ``attempt`` ended with ``fault``."""
+        held = self.tx.held_nodes(job.id)
+        if isinstance(decision, Wait):
+            bad = sorted(fault.nodes) or sorted(set(attempt.nodes) - set(decision.keep))
+            if self.scheduling.requeue(job, attempt, bad, now) is not None:
+                pass  # the external scheduler runs the job again elsewhere
+            elif job.state is JobState.RECOVERING and job.reason == decision.reason:
+                return  # nothing new: still waiting for the same thing
+            else:
+                self._decision_event(job, attempt, "wait", decision.reason, decision.keep, now)
+                self.tx.release_nodes(job.id, [n for n in held if n not in decision.keep], now)
+                self.tx.set_job(job, JobState.RECOVERING, now, reason=decision.reason)
+        elif isinstance(decision, Fail):
+            self._decision_event(job, attempt, "fail", decision.reason, [], now)
+            self.tx.release_nodes(job.id, held, now)
+            tail = str(attempt.failure.get("log_tail", "")).strip()
+            reason = f"{decision.reason}\n{tail}" if tail else decision.reason
+            self.tx.set_job(job, JobState.FAILED, now, reason=reason)
+        else:
+            assert isinstance(decision, Restart)
+            self._decision_event(
+                job,
+                attempt,
+                "restart",
+                decision.reason,
+                decision.nodes,
+                now,
+                replaced=decision.replaced,
+                counts=decision.counts,
+                shrunk=decision.shrunk,
+            )
+            self.tx.release_nodes(job.id, [n for n in held if n not in decision.nodes], now)
+            if job.state is not JobState.RECOVERING:
+                self.tx.set_job(job, JobState.RECOVERING, now, reason=decision.reason)
+            self.tx.start_attempt(
+                self.tx.job(job.id),
+                list(decision.nodes),
+                now,
+                restart_reason=f"{fault.kind.value}: {fault.reason}",
+            )
+        self.tx.wake.bump()
+
+    def _decision_event(
+        self,
+        job: JobRow,
+        attempt: AttemptRow,
+        action: str,
+        reason: str,
+        nodes: Iterable[str],
+        now: float,
+        **extra: Any,
+    ) -> None:
+        self.store.add_event(
+            now,
+            "recovery_decision",
+            job_id=job.id,
+            attempt=attempt.number,
+            action=action,
+            reason=reason,
+            nodes=list(nodes),
+            **extra,
+        )
+
+    def retry_waiting(self, now: float) -> None:
+        """Jobs waiting for a spare: decide again, since nodes may have come back."""
+        for job in self.store.jobs([JobState.RECOVERING]):
+            attempts = self.store.attempts(job.id)
+            if attempts and attempts[-1].state is AttemptState.FAILED:
+                self._recover(job, attempts[-1], now)
+
+    # -- quarantine ---------------------------------------------------------------------------
+    def quarantine(
+        self,
+        node: NodeRow,
+        reason: str,
+        kind: FaultKind,
+        now: float,
+        *,
+        repair: bool,
+        fault_at: float | None = None,
+    ) -> None:
+        """Take a node out of service; stop the attempt it runs; optionally repair it."""
+        if node.state in HELD_NODE_STATES:
+            return
+        request = {"requested": repair, "kind": kind.value, "since": now}
+        self.tx.set_node(node, NodeState.QUARANTINED, now, reason=reason, repair=request)
+        self.scheduling.drain(node.name, reason, now)
+        if node.job_id is None:
+            return
+        attempt = self.tx.active_attempt(node.job_id)
+        if attempt is not None and node.name in attempt.nodes:
+            failure = {
+                "reason": f"{node.name}: {reason}",
+                "nodes": [node.name],
+                "node": node.name,
+                "fault_at": fault_at or now,
+            }
+            self.stop_attempt(attempt, kind.value, failure, now)
+
+
+def _trailing(flags: Iterable[bool]) -> int:
+    """How many of the last ``flags`` are true in a row (node faults since the last other)."""
+    run = 0
+    for flag in flags:
+        run = run + 1 if flag else 0
+    return run
+
+
+def _reason(failure: dict[str, Any]) -> str:
+    text = failure.get("reason") or judging.describe_failure(failure)
+    tail = str(failure.get("log_tail", "")).strip()
+    return f"{text}\n{tail}" if tail else str(text)

@@ -1,0 +1,228 @@
+"""Heartbeat intake: what one agent's report changes, one named step per concern.
+
+:meth:`HeartbeatIngest.apply` runs under the controller's lock, in one store
+transaction: identity (a new or reconnected agent), the scheduling strategy's allocation
+bookkeeping, the node's state (or its repair), progress beacons, checkpoint reports, rank
+reports (started, exited, lost with a restarted agent), health and chaos acknowledgements.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainpod.api.models import AttemptReport, Heartbeat
+from trainpod.controller.books import BeaconBook, ChaosBook
+from trainpod.controller.checkpoints import CheckpointEvents
+from trainpod.controller.config import ControllerConfig
+from trainpod.controller.executor import Executor
+from trainpod.controller.external import Scheduling
+from trainpod.controller.nodes import node_state_after_heartbeat
+from trainpod.controller.policy import FaultKind
+from trainpod.controller.repair import NodeRepair
+from trainpod.controller.states import NodeState, RankState
+from trainpod.controller.transitions import Transitions
+from trainpod.errors import NotFound
+from trainpod.store.repo import Store
+from trainpod.store.rows import NodeRow
+
+# Nodes that a failed health check no longer moves (already out of service).
+_FAULT_FREE = {NodeState.QUARANTINED, NodeState.REPAIRING, NodeState.RETIRED, NodeState.STOPPED}
+
+
+class HeartbeatIngest:
+    def __init__(
+        self,
+        store: Store,
+        config: ControllerConfig,
+        tx: Transitions,
+        scheduling: Scheduling,
+        executor: Executor,
+        repair: NodeRepair,
+        beacons: BeaconBook,
+        chaos: ChaosBook,
+        checkpoints: CheckpointEvents,
+    ) -> None:
+        self.store = store
+        self.cfg = config
+        self.tx = tx
+        self.scheduling = scheduling
+        self.executor = executor
+        self.repair = repair
+        self.beacons = beacons
+        self.chaos = chaos
+        self.checkpoints = checkpoints
+        self.agents_seen: dict[str, str] = {}  # node -> agent id heard from since start
+        self.running: dict[str, set[int]] = {}  # node -> attempts with live ranks there
+
+    def apply(self, hb: Heartbeat, now: float) -> None:
+        node, new_agent = self._identify(hb, now)
+        node = self.scheduling.heartbeat(node, hb, now)
+        self._node_state(node, hb, now)
+        self._beacons(hb, now)
+        self.checkpoints.record(self.store, hb, now)
+        touched = self._rank_reports(node.name, hb.attempts, now)
+        if new_agent:
+            touched |= self._lose_unreported(node.name, hb.attempts, now)
+        self.running[node.name] = {
+            a.attempt_id for a in hb.attempts if any(r.state == "running" for r in a.ranks)
+        }
+        tails = {r.rank: r.log_tail for a in hb.attempts for r in a.ranks if r.log_tail}
+        for attempt_id in touched:
+            self.executor.reconcile(attempt_id, now, tails)
+        self._health(self.tx.node(node.name), hb, now)
+        self.chaos.acknowledged(node.name, hb.chaos_done)
+
+    # -- the steps ------------------------------------------------------------------------
+    def _identify(self, hb: Heartbeat, now: float) -> tuple[NodeRow, bool]:
+        """The node the agent reports for, with its identity recorded; True: a new agent."""
+        node = self.store.node(hb.node) or self.scheduling.unknown_node(hb, now)
+        if node is None:
+            raise NotFound(
+                f"node {hb.node!r} is not part of cluster {self.cfg.cluster}; "
+                "was the agent started for another cluster?"
+            )
+        new_agent = node.agent_id != hb.agent_id
+        if new_agent:
+            self.store.add_event(
+                now,
+                "agent_registered",
+                node=node.name,
+                agent_pid=hb.agent_pid,
+                address=hb.address,
+                restarted=node.agent_id is not None,
+            )
+            self.chaos.drop(node.name)
+        elif self.agents_seen.get(node.name) != hb.agent_id:
+            self.store.add_event(now, "agent_reconnected", node=node.name)
+        self.agents_seen[node.name] = hb.agent_id
+        facts = {
+            **hb.facts,
+            "lifecycle": hb.lifecycle.model_dump(),
+            "health": [h.model_dump() for h in hb.health],
+        }
+        self.store.update_node(
+            node.name,
+            now,
+            last_heartbeat=now,
+            address=hb.address,
+            agent_id=hb.agent_id,
+            agent_pid=hb.agent_pid,
+            facts=facts,
+        )
+        return self.tx.node(node.name), new_agent
+
+    def _node_state(self, node: NodeRow, hb: Heartbeat, now: float) -> None:
+        if node.state is NodeState.REPAIRING:
+            self.repair.on_heartbeat(node, hb, now)
+            return
+        target, reason = node_state_after_heartbeat(node, hb)
+        if target is not None and target != node.state:
+            self.tx.set_node(node, target, now, reason=reason)
+
+    def _beacons(self, hb: Heartbeat, now: float) -> None:
+        for rep in hb.attempts:
+            if not rep.beacons:
+                continue
+            attempt = self.store.attempt(rep.attempt_id)
+            if attempt is None or attempt.state.ended:
+                continue  # its book was summarised when it ended
+            mine = {r.rank for r in self.store.ranks(attempt.id) if r.node == hb.node}
+            beacons = [b for b in rep.beacons if b.rank in mine]  # never trust a rank number
+            if not beacons:
+                continue
+            self.beacons.record(attempt.id, beacons, now)
+            if attempt.id in self.beacons.first_logged:
+                continue
+            self.beacons.first_logged.add(attempt.id)
+            if not self.store.has_event(attempt.job_id, "first_beacon", attempt.number):
+                first = min(beacons, key=lambda b: b.first_at)
+                self.store.add_event(
+                    now,
+                    "first_beacon",
+                    node=hb.node,
+                    job_id=attempt.job_id,
+                    attempt=attempt.number,
+                    at=first.first_at,
+                    step=first.first_step,
+                    rank=first.rank,
+                )
+
+    def _rank_reports(self, node: str, reports: list[AttemptReport], now: float) -> set[int]:
+        touched: set[int] = set()
+        for rep in reports:
+            attempt = self.store.attempt(rep.attempt_id)
+            if attempt is None:
+                continue
+            rows = {r.rank: r for r in self.store.ranks(attempt.id)}
+            for rr in rep.ranks:
+                row = rows.get(rr.rank)
+                if row is None or row.node != node or row.state.ended:
+                    continue
+                if row.state is RankState.PENDING:
+                    self.store.update_rank(
+                        attempt.id,
+                        rr.rank,
+                        state=RankState.RUNNING,
+                        pid=rr.pid,
+                        started_at=rr.started_at or now,
+                    )
+                    self.store.add_event(
+                        now,
+                        "rank_started",
+                        node=node,
+                        job_id=attempt.job_id,
+                        attempt=attempt.number,
+                        rank=rr.rank,
+                        pid=rr.pid,
+                        started_at=rr.started_at,
+                    )
+                    touched.add(attempt.id)
+                if rr.state == "exited":
+                    self.store.update_rank(
+                        attempt.id,
+                        rr.rank,
+                        state=RankState.EXITED,
+                        exit_code=rr.exit_code,
+                        signal=rr.signal,
+                        ended_at=rr.ended_at or now,
+                    )
+                    data: dict[str, Any] = {"exit_code": rr.exit_code, "signal": rr.signal}
+                    if rr.exit_code != 0:
+                        data["log_tail"] = rr.log_tail
+                    self.store.add_event(
+                        now,
+                        "rank_exited",
+                        node=node,
+                        job_id=attempt.job_id,
+                        attempt=attempt.number,
+                        rank=rr.rank,
+                        exited_at=rr.ended_at,
+                        **data,
+                    )
+                    touched.add(attempt.id)
+        return touched
+
+    def _lose_unreported(self, node: str, reports: list[AttemptReport], now: float) -> set[int]:
+        """A new agent knows nothing of the ranks its predecessor ran: they are lost."""
+        reported = {(a.attempt_id, r.rank) for a in reports for r in a.ranks}
+        touched: set[int] = set()
+        for attempt in self.store.active_attempts():
+            if node not in attempt.nodes:
+                continue
+            for r in self.store.ranks(attempt.id):
+                live = r.node == node and r.state is RankState.RUNNING
+                if live and (attempt.id, r.rank) not in reported:
+                    self.tx.lose_rank(attempt, r.rank, node, now, "agent restarted")
+                    touched.add(attempt.id)
+        return touched
+
+    def _health(self, node: NodeRow, hb: Heartbeat, now: float) -> None:
+        """A FAULT from any health check quarantines the node (and stops its attempt)."""
+        if node.state in _FAULT_FREE or hb.leaving:
+            return
+        faults = [h for h in hb.health if h.status == "fault"]
+        if not faults:
+            return
+        kind = FaultKind.GPU_FAULT if faults[0].check == "gpu" else FaultKind.NODE_FAULT
+        reason = "; ".join(f"{h.check}: {h.reason}" for h in faults)
+        self.executor.quarantine(node, reason, kind, now, repair=self.cfg.auto_repair)

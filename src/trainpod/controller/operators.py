@@ -1,0 +1,67 @@
+"""Operators' node actions: drain, quarantine, resume, replace, each with a reason."""
+
+from __future__ import annotations
+
+from trainpod.api.models import NodeAction
+from trainpod.controller.executor import Executor
+from trainpod.controller.external import Scheduling
+from trainpod.controller.policy import FaultKind
+from trainpod.controller.repair import NodeRepair
+from trainpod.controller.states import NodeState
+from trainpod.controller.transitions import HEALTHY_NODE_STATES, Transitions
+from trainpod.errors import Conflict
+from trainpod.store.repo import Store
+from trainpod.store.rows import NodeRow
+
+
+class Operators:
+    def __init__(
+        self,
+        store: Store,
+        tx: Transitions,
+        scheduling: Scheduling,
+        executor: Executor,
+        repair: NodeRepair,
+    ) -> None:
+        self.store = store
+        self.tx = tx
+        self.scheduling = scheduling
+        self.executor = executor
+        self.repair = repair
+
+    def act(self, node: NodeRow, action: NodeAction, now: float) -> None:
+        why = f"operator: {action.reason}"
+        self.store.add_event(now, f"node_{action.action}", node=node.name, reason=action.reason)
+        if action.action == "drain":
+            self.store.update_node(node.name, now, drained=True, reason=f"drained ({why})")
+            self.scheduling.drain(node.name, why, now)
+        elif action.action == "quarantine":
+            self.executor.quarantine(node, why, FaultKind.QUARANTINED, now, repair=False)
+        elif action.action == "replace":
+            self._replace(node, why, now)
+        else:
+            self._resume(node, now)
+
+    def _replace(self, node: NodeRow, why: str, now: float) -> None:
+        if self.repair.replacer is None:
+            raise Conflict(f"the {self.tx.cfg.backend} backend cannot replace nodes")
+        self.executor.quarantine(node, why, FaultKind.QUARANTINED, now, repair=True)
+        node = self.tx.node(node.name)
+        if node.state is NodeState.QUARANTINED:
+            rep = {**node.repair, "requested": True}
+            self.store.update_node(node.name, now, repair=rep, reason=why)
+
+    def _resume(self, node: NodeRow, now: float) -> None:
+        self.store.update_node(node.name, now, drained=False)
+        node = self.tx.node(node.name)
+        if node.state in (NodeState.QUARANTINED, NodeState.RETIRED):
+            self.repair.begin(node, "check", now)
+        elif node.state is NodeState.FAILED:
+            if self.repair.replacer is None:
+                raise Conflict(
+                    f"{node.name} failed its lifecycle scripts; fix them and restart the node"
+                )
+            self.repair.begin(node, "replace", now)
+        elif node.state in HEALTHY_NODE_STATES:
+            self.store.update_node(node.name, now, reason="")
+            self.scheduling.resume(node.name, now)

@@ -1,0 +1,117 @@
+"""What each node's agent must do now: launches, kills, a deep check, chaos, leave."""
+
+from __future__ import annotations
+
+from trainpod.api.models import DeepCheckOrder, KillOrder, LaunchOrder, Orders
+from trainpod.clock import Clock
+from trainpod.controller import checkpoints
+from trainpod.controller.books import ChaosBook
+from trainpod.controller.config import ControllerConfig
+from trainpod.controller.external import Scheduling
+from trainpod.controller.launch import launch_order
+from trainpod.controller.states import AttemptState, NodeState, RankState
+from trainpod.controller.transitions import Transitions
+from trainpod.store.repo import Store
+from trainpod.store.rows import AttemptRow
+
+
+class OrderDesk:
+    def __init__(
+        self,
+        store: Store,
+        config: ControllerConfig,
+        tx: Transitions,
+        scheduling: Scheduling,
+        chaos: ChaosBook,
+        running: dict[str, set[int]],
+        clock: Clock,
+    ) -> None:
+        self.store = store
+        self.cfg = config
+        self.tx = tx
+        self.scheduling = scheduling
+        self.chaos = chaos
+        self.running = running  # node -> attempts its agent last reported live ranks of
+        self.clock = clock
+        self._mtbf: dict[int, dict[str, str]] = {}  # attempt -> observed MTBF env
+
+    def for_node(self, node: str) -> Orders:
+        launch: list[LaunchOrder] = []
+        kill: list[KillOrder] = []
+        active: set[int] = set()
+        for attempt in self.store.active_attempts():
+            if node not in attempt.nodes:
+                continue
+            active.add(attempt.id)
+            mine = [r for r in self.store.ranks(attempt.id) if r.node == node]
+            if attempt.state is AttemptState.STOPPING:
+                if any(not r.state.ended for r in mine):
+                    grace = attempt.failure.get("grace_s", self.cfg.teardown_grace_s)
+                    kill.append(
+                        KillOrder(attempt_id=attempt.id, grace_s=grace, reason=attempt.cause)
+                    )
+            elif any(r.state is RankState.PENDING for r in mine):
+                launch.append(self.launch_order(attempt, node))
+        for attempt_id in sorted(self.running.get(node, set()) - active):
+            kill.append(KillOrder(attempt_id=attempt_id, grace_s=0.0, reason="attempt ended"))
+        deep = None
+        row = self.store.node(node)
+        if row is not None and row.state is NodeState.REPAIRING and row.repair.get("deep_check_id"):
+            deep = DeepCheckOrder(
+                id=row.repair["deep_check_id"], timeout_s=self.cfg.deep_check_timeout_s
+            )
+        return Orders(
+            launch=launch,
+            kill=kill,
+            deep_check=deep,
+            chaos=self.chaos.pending(node),
+            heartbeat_interval_s=self.cfg.heartbeat_interval_s,
+            active_jobs=checkpoints.active_jobs(self.store, node),
+            leave=self.scheduling.leave_code(row),
+        ).sealed()
+
+    def launch_order(self, attempt: AttemptRow, node: str) -> LaunchOrder:
+        job = self.tx.job(attempt.job_id)
+        spec = self.tx.spec(job)
+        if "TRAINPOD_MTBF_S" not in spec.env and (mtbf := self._observed_mtbf(attempt)):
+            spec = spec.model_copy(update={"env": {**mtbf, **spec.env}})
+        return launch_order(
+            self.cfg,
+            job_id=job.id,
+            attempt_id=attempt.id,
+            spec=spec,
+            attempt_number=attempt.number,
+            nodes=attempt.nodes,
+            node_index=attempt.nodes.index(node),
+            procs_per_node=spec.procs_per_node or 1,
+            master_addr=attempt.master_addr,
+            master_port=attempt.master_port,
+            restart_reason=attempt.restart_reason,
+        )
+
+    def keep_only(self, attempt_ids: set[int]) -> None:
+        """Evict what was kept for attempts that have ended."""
+        for stale in set(self._mtbf) - attempt_ids:
+            del self._mtbf[stale]
+
+    def _observed_mtbf(self, attempt: AttemptRow) -> dict[str, str]:
+        """The job's mean time between failures as this cluster has seen it, for a
+        Checkpointer's ``interval="auto"`` (Young/Daly): node-seconds observed per fault,
+        divided by the job's nodes. Nothing before the first fault (the library's default
+        applies). Fixed per attempt, so its orders do not change under it."""
+        cached = self._mtbf.get(attempt.id)
+        if cached is None:
+            faults, first = self.store.fault_history()
+            cached = {}
+            if faults and first is not None:
+                node_s = (self.clock.now() - first) * max(1, len(self.store.nodes()))
+                per_job = node_s / faults / max(1, len(attempt.nodes))
+                cached = {
+                    "TRAINPOD_MTBF_S": f"{max(per_job, 1.0):.0f}",
+                    "TRAINPOD_MTBF_SOURCE": (
+                        f"cluster {self.cfg.cluster}: {faults} faults in "
+                        f"{node_s / 3600:.2f} node-hours, job of {len(attempt.nodes)} nodes"
+                    ),
+                }
+            self._mtbf[attempt.id] = cached
+        return cached

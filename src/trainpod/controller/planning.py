@@ -1,0 +1,84 @@
+"""Scheduling passes: a snapshot of the queue, the running jobs and the nodes, handed to
+the scheduler; its decisions go to the executor.
+
+A pass runs when something changed since the last one, or once the time the scheduler
+asked for (:meth:`~trainpod.scheduler.base.Scheduler.wake_at`) has come.
+"""
+
+from __future__ import annotations
+
+from trainpod.controller.config import ControllerConfig
+from trainpod.controller.executor import Executor
+from trainpod.controller.external import Scheduling
+from trainpod.controller.states import JobState
+from trainpod.controller.transitions import Transitions
+from trainpod.scheduler.base import QueuedJob, RunningJob, Snapshot
+from trainpod.store.repo import Store
+
+
+class Planner:
+    def __init__(
+        self,
+        store: Store,
+        config: ControllerConfig,
+        tx: Transitions,
+        scheduling: Scheduling,
+        executor: Executor,
+    ) -> None:
+        self.store = store
+        self.cfg = config
+        self.tx = tx
+        self.scheduling = scheduling
+        self.executor = executor
+        self._shapes: dict[int, tuple[int, frozenset[str]]] = {}  # queued job -> (nodes, groups)
+        self._planned_at: tuple[int, float | None] = (-1, None)  # (version, wake_at)
+
+    def due(self, now: float) -> bool:
+        version, wake_at = self._planned_at
+        return version != self.tx.wake.version or (wake_at is not None and now >= wake_at)
+
+    def run(self, now: float) -> Snapshot | None:
+        """One pass if one is due; the snapshot it planned over (None: none was due)."""
+        if not self.due(now):
+            return None
+        snapshot = self.snapshot(now)
+        scheduler = self.scheduling.scheduler
+        if self.executor.schedule(scheduler.plan(snapshot), now):
+            self.tx.wake.bump()
+        self._planned_at = (self.tx.wake.version, scheduler.wake_at(snapshot))
+        return snapshot
+
+    def snapshot(self, now: float) -> Snapshot:
+        queued = self.store.jobs([JobState.QUEUED])
+        ids = {j.id for j in queued}
+        for stale in set(self._shapes) - ids:
+            del self._shapes[stale]
+        earlier = self.store.attempts_of_jobs([j.id for j in queued])
+        queue = []
+        for job in queued:
+            shape = self._shapes.get(job.id)
+            if shape is None:
+                spec = self.tx.spec(job)
+                part = spec.partition or self.cfg.default_partition
+                shape = (spec.nodes, frozenset(self.cfg.partitions.get(part, [])))
+                self._shapes[job.id] = shape
+            queue.append(
+                QueuedJob(
+                    id=job.id,
+                    nodes=shape[0],
+                    groups=shape[1],
+                    submitted_at=job.submitted_at,
+                    requeued=f"requeued: {job.reason}" if earlier[job.id] else "",
+                )
+            )
+        running = tuple(
+            RunningJob(id=a.job_id, attempt=a.id, nodes=tuple(a.nodes), started_at=a.started_at)
+            for a in self.store.active_attempts()
+        )
+        rows = sorted(self.store.nodes(), key=self.tx.node_order)
+        return Snapshot(
+            now=now,
+            queue=tuple(queue),
+            running=running,
+            nodes=tuple(self.scheduling.slot(n) for n in rows),
+        )

@@ -1,0 +1,151 @@
+"""Node repair: a quarantined node is replaced (or checked in place) and deep-checked back.
+
+A repair replaces the node like a new instance (fresh scratch, lifecycle scripts, a new
+agent: the backend's ``replace_node``), or, where nodes cannot be re-provisioned (Slurm),
+checks it in place through its live agent. Either way it must pass a deep health check
+(burn-in) to rejoin; too many failed repairs retire it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+
+from trainpod.api.models import Heartbeat
+from trainpod.controller.config import ControllerConfig
+from trainpod.controller.external import Scheduling
+from trainpod.controller.nodes import lifecycle_failure
+from trainpod.controller.states import NodeState
+from trainpod.controller.transitions import Transitions
+from trainpod.store.repo import Store
+from trainpod.store.rows import NodeRow
+
+log = logging.getLogger(__name__)
+
+REPAIR_SLACK_S = 120.0  # on top of the deep check's own timeout
+Replacer = Callable[[str], None]
+"""Replaces a node like a new instance (the backend's ``replace_node``); blocking."""
+
+
+class NodeRepair:
+    def __init__(
+        self,
+        store: Store,
+        config: ControllerConfig,
+        tx: Transitions,
+        scheduling: Scheduling,
+        replacer: Replacer | None,
+    ) -> None:
+        self.store = store
+        self.cfg = config
+        self.tx = tx
+        self.scheduling = scheduling
+        self.replacer = replacer
+
+    def step(self, now: float) -> None:
+        """Start requested repairs; fail those that took too long."""
+        for node in self.store.nodes():
+            rep = node.repair
+            if node.state is NodeState.QUARANTINED and rep.get("requested"):
+                if node.job_id is not None:
+                    continue  # its attempt is still being torn down
+                if self.replacer is not None:
+                    self.begin(node, "replace", now)
+                elif self.scheduling.checks_in_place and self._agent_alive(node, now):
+                    # Slurm nodes cannot be re-provisioned from here: check the node in
+                    # place through its live agent; a pass resumes it in Slurm.
+                    self.begin(node, "check", now)
+            elif node.state is NodeState.REPAIRING:
+                limit = rep.get("started_at", now) + self.cfg.deep_check_timeout_s + REPAIR_SLACK_S
+                if now > limit:
+                    self.failed(node, "repair did not finish in time", now)
+
+    def begin(self, node: NodeRow, mode: str, now: float) -> None:
+        rep = {
+            "mode": mode,
+            "started_at": now,
+            "old_agent": node.agent_id if mode == "replace" else None,
+            "kind": node.repair.get("kind", ""),
+        }
+        self.tx.set_node(node, NodeState.REPAIRING, now, reason=f"repairing ({mode})", repair=rep)
+        if mode == "replace":
+            replacer = self.replacer
+            assert replacer is not None
+            threading.Thread(target=_run_replacer, args=(replacer, node.name), daemon=True).start()
+        self.tx.wake.bump()
+
+    def on_heartbeat(self, node: NodeRow, hb: Heartbeat, now: float) -> None:
+        rep = dict(node.repair)
+        if rep.get("mode") == "replace" and hb.agent_id == rep.get("old_agent"):
+            return  # the old instance is still reporting; the new one is not up yet
+        if hb.lifecycle.state == "failed":
+            self.failed(node, lifecycle_failure(hb.lifecycle.results), now)
+            return
+        if hb.lifecycle.state != "ok":
+            return
+        if not rep.get("deep_check_id"):
+            rep["deep_check_id"] = uuid.uuid4().hex[:12]
+            self.store.update_node(node.name, now, repair=rep)
+            self.store.add_event(now, "deep_check_started", node=node.name, id=rep["deep_check_id"])
+            self.tx.wake.bump()
+            return
+        result = hb.deep_check
+        if result is None or result.id != rep["deep_check_id"] or result.status == "running":
+            return
+        self.store.add_event(
+            now,
+            "deep_check_finished",
+            node=node.name,
+            status=result.status,
+            reason=result.reason,
+        )
+        if result.status == "fault":
+            self.failed(node, f"deep check failed: {result.reason}", now)
+            return
+        self.tx.set_node(node, NodeState.IDLE, now, reason="", repair={}, repairs=0, job_id=None)
+        self.store.add_event(now, "node_repaired", node=node.name, mode=rep.get("mode"))
+        self.scheduling.resume(node.name, now)
+        self.tx.wake.bump()
+
+    def failed(self, node: NodeRow, reason: str, now: float) -> None:
+        failures = node.repairs + 1
+        if failures >= self.cfg.retire_after:
+            self.tx.set_node(
+                node,
+                NodeState.RETIRED,
+                now,
+                repairs=failures,
+                repair={},
+                reason=f"retired after {failures} failed repairs; last: {reason}",
+            )
+        else:
+            again = {
+                "requested": self.cfg.auto_repair,
+                "kind": node.repair.get("kind", ""),
+                "since": now,
+            }
+            self.tx.set_node(
+                node,
+                NodeState.QUARANTINED,
+                now,
+                repairs=failures,
+                repair=again,
+                reason=f"repair {failures} failed: {reason}",
+            )
+        self.tx.wake.bump()
+
+    def _agent_alive(self, node: NodeRow, now: float) -> bool:
+        return (
+            node.agent_id is not None
+            and node.last_heartbeat is not None
+            and now - node.last_heartbeat <= self.cfg.heartbeat_timeout_s
+        )
+
+
+def _run_replacer(replacer: Replacer, node: str) -> None:
+    try:
+        replacer(node)
+    except Exception:  # the repair's timeout in NodeRepair.step turns this into a failure
+        log.exception("replacing node %s failed", node)

@@ -1,0 +1,179 @@
+"""Read views: store rows and in-memory books, as the API's models.
+
+Rows are read under the controller's lock in a few bulk queries (never one per job or
+attempt); the models are built after the lock is released, so a dashboard listing ten
+thousand jobs does not hold up heartbeats while pydantic runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trainpod.api.models import AttemptInfo, EventInfo, JobInfo, NodeInfo, RankInfo
+from trainpod.controller import progress
+from trainpod.controller.books import BeaconBook
+from trainpod.controller.checkpoints import CheckpointEvents
+from trainpod.controller.states import JobState
+from trainpod.controller.transitions import Transitions
+from trainpod.spec.job import JobSpec
+from trainpod.store.repo import Store
+from trainpod.store.rows import AttemptRow, JobRow, NodeRow, RankRow
+
+
+class Views:
+    def __init__(
+        self,
+        store: Store,
+        tx: Transitions,
+        lock: threading.RLock,
+        beacons: BeaconBook,
+        checkpoints: CheckpointEvents,
+        holds: Callable[[], dict[int, str]],
+    ) -> None:
+        self.store = store
+        self.tx = tx
+        self._lock = lock
+        self.beacons = beacons
+        self.checkpoints = checkpoints
+        self._holds = holds
+
+    def nodes(self) -> list[NodeInfo]:
+        with self._lock:
+            rows = sorted(self.store.nodes(), key=self.tx.node_order)
+        return [_node_info(n) for n in rows]
+
+    def job(self, job_id: int) -> JobInfo:
+        with self._lock:
+            rows = self._read([self.tx.job(job_id)])
+        return _build(rows)[0]
+
+    def jobs(self, include_ended: bool = True, limit: int | None = None) -> list[JobInfo]:
+        states = None if include_ended else [s for s in JobState if not s.ended]
+        with self._lock:
+            rows = self._read(self.store.jobs(states, limit=limit))
+        return _build(rows)
+
+    def _read(self, jobs: list[JobRow]) -> _Rows:
+        """Everything the jobs' models need, in three queries (under the lock)."""
+        attempts = self.store.attempts_of_jobs([j.id for j in jobs])
+        ranks = self.store.ranks_of_attempts([a.id for a_s in attempts.values() for a in a_s])
+        live = {j.id: self._progress(j.id, attempts[j.id]) for j in jobs if not j.state.ended}
+        return _Rows(jobs, attempts, ranks, dict(self._holds()), live)
+
+    def _progress(self, job_id: int, attempts: list[AttemptRow]) -> dict[str, Any] | None:
+        attempt = next((a for a in attempts if not a.state.ended), None)
+        uploads = self.checkpoints.progress(job_id)
+        if attempt is None or (attempt.id not in self.beacons.by_attempt and not uploads):
+            return None
+        out = {"attempt": attempt.number, **progress.summarise(self.beacons.of(attempt.id))}
+        return {**out, "checkpoint_uploads": uploads} if uploads else out
+
+    def events(
+        self,
+        *,
+        job_id: int | None = None,
+        node: str | None = None,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[EventInfo]:
+        with self._lock:
+            rows = self.store.events(job_id=job_id, node=node, after=after, limit=limit)
+        return [EventInfo(**vars(e)) for e in rows]
+
+    def counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        with self._lock:
+            nodes = Counter(n.state.value for n in self.store.nodes())
+            jobs = Counter(j.state.value for j in self.store.jobs())
+        return dict(nodes), dict(jobs)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    jobs: list[JobRow]
+    attempts: dict[int, list[AttemptRow]]
+    ranks: dict[int, list[RankRow]]
+    holds: dict[int, str]
+    live: dict[int, dict[str, Any] | None]
+
+
+def _build(rows: _Rows) -> list[JobInfo]:
+    return [
+        _job_info(j, rows.attempts[j.id], rows.ranks, rows.holds.get(j.id, ""), rows.live.get(j.id))
+        for j in rows.jobs
+    ]
+
+
+def _job_info(
+    job: JobRow,
+    attempts: list[AttemptRow],
+    ranks: dict[int, list[RankRow]],
+    hold: str,
+    live: dict[str, Any] | None,
+) -> JobInfo:
+    reason = job.reason or (hold if job.state is JobState.QUEUED else "")
+    return JobInfo(
+        id=job.id,
+        name=job.name,
+        state=job.state.value,
+        reason=reason,
+        spec=JobSpec.model_validate(job.spec),
+        submitted_at=job.submitted_at,
+        started_at=job.started_at,
+        ended_at=job.ended_at,
+        attempts=[_attempt_info(a, ranks.get(a.id, [])) for a in attempts],
+        external=job.external,
+        progress=live,
+    )
+
+
+def _attempt_info(a: AttemptRow, ranks: list[RankRow]) -> AttemptInfo:
+    return AttemptInfo(
+        number=a.number,
+        state=a.state.value,
+        nodes=a.nodes,
+        master_addr=a.master_addr,
+        master_port=a.master_port,
+        created_at=a.created_at,
+        started_at=a.started_at,
+        ended_at=a.ended_at,
+        cause=a.cause,
+        failure=a.failure,
+        ranks=[
+            RankInfo(
+                rank=r.rank,
+                node=r.node,
+                local_rank=r.local_rank,
+                state=r.state.value,
+                pid=r.pid,
+                exit_code=r.exit_code,
+                signal=r.signal,
+                started_at=r.started_at,
+                ended_at=r.ended_at,
+            )
+            for r in ranks
+        ],
+    )
+
+
+def _node_info(n: NodeRow) -> NodeInfo:
+    return NodeInfo(
+        name=n.name,
+        group=n.group,
+        role=n.role,
+        spare=n.spare,
+        devices=n.devices,
+        state=n.state.value,
+        reason=n.reason,
+        job_id=n.job_id,
+        address=n.address,
+        agent_pid=n.agent_pid,
+        last_heartbeat=n.last_heartbeat,
+        facts=n.facts,
+        drained=n.drained,
+        repairs=n.repairs,
+        allocation=n.allocation,
+    )

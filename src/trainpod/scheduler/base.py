@@ -1,0 +1,90 @@
+"""The scheduler seam: a pure ``plan(snapshot) -> decisions`` over the whole cluster.
+
+A :class:`Snapshot` holds the queue (in submission order), the running jobs and every node,
+so policies that need more than the queue (preemption, backfill, quotas) are plain
+functions over it. A scheduler returns decisions; it never touches a store. The controller's
+executor (the one that also runs the recovery ladder's decisions) applies them:
+
+* :class:`Place` — start the job's next attempt on these nodes now;
+* :class:`Hold` — leave it queued, with the reason its owner sees in ``trainpod jobs``;
+* :class:`Preempt` — stop a running job (its ranks get ``grace_s`` to checkpoint) and queue
+  it again.
+
+The controller calls :meth:`Scheduler.plan` whenever something changed, and also once the
+time a scheduler asks for in :meth:`Scheduler.wake_at` has come (aging, deadlines, grace
+periods), so a policy can act on time alone.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    id: int
+    nodes: int
+    groups: frozenset[str]  # the groups of its partition
+    submitted_at: float = 0.0
+    requeued: str = ""  # why an earlier attempt ended (a requeue): the restart's reason
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    id: int
+    attempt: int  # the running attempt's id
+    nodes: tuple[str, ...]
+    started_at: float | None = None
+
+
+@dataclass(frozen=True)
+class NodeSlot:
+    name: str
+    group: str
+    free: bool  # idle, undrained, not a spare, a compute node, holding no job
+    allocation: int | None = None  # external schedulers: the job whose allocation it is in
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float
+    queue: tuple[QueuedJob, ...]  # oldest first
+    running: tuple[RunningJob, ...]
+    nodes: tuple[NodeSlot, ...]  # in the spec's order
+
+    def free(self) -> list[NodeSlot]:
+        return [n for n in self.nodes if n.free]
+
+
+@dataclass(frozen=True)
+class Place:
+    job_id: int
+    nodes: tuple[str, ...]
+    restart_reason: str = ""
+
+
+@dataclass(frozen=True)
+class Hold:
+    job_id: int
+    reason: str  # why it waits, in words its owner can act on
+
+
+@dataclass(frozen=True)
+class Preempt:
+    job_id: int
+    reason: str
+    grace_s: float  # how long its ranks have (to checkpoint) before they are killed
+
+
+SchedulerDecision = Place | Hold | Preempt
+
+
+class Scheduler(ABC):
+    @abstractmethod
+    def plan(self, snapshot: Snapshot) -> list[SchedulerDecision]:
+        """What to do now. Pure: the same snapshot gives the same decisions."""
+
+    def wake_at(self, snapshot: Snapshot) -> float | None:
+        """When ``plan`` must run again even if nothing changes (None: only on change)."""
+        return None

@@ -1,0 +1,93 @@
+"""The heartbeat long poll on a real HTTP server: parked polls hold no worker thread.
+
+Sixty agents park a long poll each, more than anyio's forty worker threads; the API still
+answers other calls while they wait, and a submission reaches every parked agent at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from trainpod.api.app import create_app
+from trainpod.api.models import ClusterInfo, Orders
+from trainpod.controller.ports import free_port
+from trainpod.testing import FakeGroup
+from trainpod.testing.wait import wait_until
+
+from .conftest import Cluster, MakeCluster
+
+AGENTS = 60  # > anyio's default 40 worker threads
+ADMIN = {"Authorization": "Bearer admin-secret"}
+AGENT = {"Authorization": "Bearer agent-secret"}
+DEADLINE_S = 20.0  # generous bound on what must happen at once; never reached when correct
+
+
+@pytest.fixture
+def served(make_cluster: MakeCluster) -> Iterator[tuple[Cluster, str]]:
+    c = make_cluster(groups=(FakeGroup("workers", AGENTS, devices=1),))
+    c.up()
+
+    def info() -> ClusterInfo:
+        raise AssertionError("not used")
+
+    app = create_app(
+        c.controller, admin_token="admin-secret", agent_token="agent-secret", info=info
+    )
+    port = free_port("127.0.0.1")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, timeout_s=DEADLINE_S, what="the API server started")
+    try:
+        yield c, f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(DEADLINE_S)
+
+
+def test_parked_long_polls_hold_no_thread_and_all_wake_on_a_change(
+    served: tuple[Cluster, str],
+) -> None:
+    c, url = served
+    marks = {}
+    for name, agent in c.agents.items():
+        agent.beat()  # the orders it holds now: nothing to do
+        agent.facts = {"poll": name}
+        marks[name] = agent.heartbeat(wait_s=30.0).model_dump(mode="json")
+
+    async def run() -> tuple[list[Orders], int]:
+        async with httpx.AsyncClient(base_url=url, timeout=DEADLINE_S) as client:
+            polls = [
+                asyncio.create_task(client.post("/v1/agent/heartbeat", json=hb, headers=AGENT))
+                for hb in marks.values()
+            ]
+
+            def parked() -> bool:
+                return all(n.facts.get("poll") == n.name for n in c.controller.node_infos())
+
+            while not parked():
+                await asyncio.sleep(0.05)
+            assert not any(p.done() for p in polls), "a long poll returned without new orders"
+            # Every poll is parked; a call that needs a worker thread still gets one.
+            nodes = await client.get("/v1/nodes", headers=ADMIN)
+            assert nodes.status_code == 200 and len(nodes.json()) == AGENTS
+            assert not any(p.done() for p in polls)
+            job = await client.post(
+                "/v1/jobs",
+                json={"command": ["python", "train.py"], "nodes": AGENTS, "procs_per_node": 1},
+                headers=ADMIN,
+            )
+            assert job.status_code == 201, job.text
+            c.controller.step()  # the reconcile loop's pass: the job is placed
+            replies = await asyncio.gather(*polls)
+            return [Orders.model_validate(r.json()) for r in replies], int(job.json()["id"])
+
+    orders, job_id = asyncio.run(run())
+    assert len(orders) == AGENTS
+    assert all(len(o.launch) == 1 and o.launch[0].job_id == job_id for o in orders)
