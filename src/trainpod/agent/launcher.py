@@ -23,6 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
+from trainpod import procutil
 from trainpod.agent.warmstart import WarmProcess, WarmStarter
 from trainpod.api.models import AttemptReport, LaunchOrder, RankReport
 
@@ -205,19 +208,20 @@ class Launcher:
         threading.Thread(target=self._terminate, args=(run, grace_s), daemon=True).start()
 
     def _terminate(self, run: AttemptRun, grace_s: float) -> None:
-        live = [r for r in run.ranks if r.running and r.proc is not None]
-        for r in live:
-            _signal_group(r, signal.SIGTERM)
-            _signal_group(r, signal.SIGCONT)  # a stopped (hung) rank must wake to see SIGTERM
-        deadline = time.monotonic() + grace_s
-        for r in live:
-            assert r.proc is not None
+        leaders: list[psutil.Process] = []
+        for r in run.ranks:
+            if not r.running or r.proc is None:
+                continue
             try:
-                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for r in live:
-            _signal_group(r, signal.SIGKILL)  # also reaps children that outlived the rank
+                leaders.append(procutil.Owned(r.proc))  # waits via the Popen, never reaps it
+            except psutil.NoSuchProcess:
+                _signal_group(r, signal.SIGKILL)  # the rank is gone: stop what it left behind
+        # Each rank leads its own process group. Every group is SIGKILLed after the grace, also
+        # those whose rank has exited, which stops children that outlived their rank; the
+        # watchers see the exits, so nothing waits after that.
+        procutil.terminate(
+            leaders, grace_s=grace_s, kill_wait_s=0.0, groups=True, before_signal=_note_signal
+        )
 
     def signal_rank(self, rank: int | None, sig: signal.Signals) -> int | None:
         """Send ``sig`` to a live rank's process group (the first live rank when None).
@@ -297,6 +301,11 @@ class Launcher:
                 for r in run.ranks
                 if r.proc is not None and r.running
             ]
+
+
+def _note_signal(p: psutil.Process, sig: int) -> None:
+    if isinstance(p, procutil.Owned) and isinstance(p.owner, WarmProcess):
+        p.owner.note_signal(sig)
 
 
 def _signal_group(r: RankProcess, sig: signal.Signals) -> None:

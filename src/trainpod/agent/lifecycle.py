@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,8 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainpod import procutil
 from trainpod.agent.launcher import log_tail
 from trainpod.api.models import LifecycleResult, LifecycleStatus
+
+KILL_GRACE_S = 5.0
+"""A script past its timeout gets SIGTERM, and this long to clean up before SIGKILL."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,8 @@ class LifecycleRunner:
                 code = proc.wait(timeout=script.timeout_s)
                 state = "ok" if code == 0 else "failed"
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                # The script leads its own process group: stop all of it, not only the script.
+                procutil.terminate([procutil.Owned(proc)], grace_s=KILL_GRACE_S, groups=True)
                 code = proc.wait()
                 state = "timeout"
                 out.write(

@@ -7,13 +7,13 @@ line, so a recycled pid is never signalled.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import psutil
+
+from trainpod import procutil
 
 _children: list[subprocess.Popen[bytes]] = []
 
@@ -69,22 +69,13 @@ def is_ours(pid: int | None, marker: str) -> bool:
 
 
 def terminate(pids: list[int], marker: str, *, grace_s: float) -> None:
-    """SIGTERM each of our pids, wait up to ``grace_s``, then SIGKILL the rest."""
-    ours = [p for p in pids if is_ours(p, marker)]
-    for pid in ours:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(is_ours(p, marker) for p in ours):
-        time.sleep(0.05)
-    for pid in ours:
+    """SIGTERM each of our pids, wait up to ``grace_s``, then SIGKILL the rest (and wait up
+    to 5 s for them)."""
+    ours = []
+    for pid in pids:
         if is_ours(pid, marker):
             try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+                ours.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
                 pass
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and any(is_ours(p, marker) for p in ours):
-        time.sleep(0.05)
+    procutil.terminate(ours, grace_s=grace_s)

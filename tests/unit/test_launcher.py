@@ -1,0 +1,59 @@
+"""Stopping an attempt's ranks: SIGTERM to each rank's process group, SIGKILL after the
+grace, and each rank's report keeps the signal that ended it."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from trainpod.agent.launcher import Launcher
+from trainpod.api.models import LaunchOrder, RankReport, RankSlot
+from trainpod.testing.wait import wait_until
+
+# Says "ready" in its log once its signal handling is set up.
+RANK = "import signal, time\n{setup}\nprint('ready', flush=True)\ntime.sleep(120)"
+
+
+def _launch(tmp_path: Path, launcher: Launcher, attempt: int, setup: str = "") -> None:
+    order = LaunchOrder(
+        attempt_id=attempt,
+        job_id=1,
+        attempt_number=attempt,
+        argv=[sys.executable, "-c", RANK.format(setup=setup)],
+        workdir=str(tmp_path),
+        env={},
+        ranks=[RankSlot(rank=r, local_rank=r) for r in range(2)],
+        log_dir=str(tmp_path / f"attempt-{attempt}"),
+    )
+    assert launcher.launch(order)
+    logs = [tmp_path / f"attempt-{attempt}" / f"rank-{r}.log" for r in range(2)]
+    wait_until(
+        lambda: all(p.exists() and "ready" in p.read_text() for p in logs),
+        what="the ranks to start",
+    )
+
+
+def _ended(launcher: Launcher, attempt: int) -> list[RankReport]:
+    def done() -> list[RankReport] | None:
+        (rep,) = [a for a in launcher.reports() if a.attempt_id == attempt]
+        return rep.ranks if all(r.state == "exited" for r in rep.ranks) else None
+
+    return wait_until(done, timeout_s=60, what=f"attempt {attempt} to end")
+
+
+def test_a_killed_attempt_reports_the_signal_of_each_rank(tmp_path: Path) -> None:
+    launcher = Launcher(node_env={}, on_change=lambda: None)
+    try:
+        _launch(tmp_path, launcher, 1)
+        launcher.kill(1, grace_s=30)
+        assert [(r.signal, r.exit_code) for r in _ended(launcher, 1)] == [
+            (signal.SIGTERM, None)
+        ] * 2
+        _launch(tmp_path, launcher, 2, "signal.signal(signal.SIGTERM, signal.SIG_IGN)")
+        launcher.kill(2, grace_s=0.5)
+        assert [(r.signal, r.exit_code) for r in _ended(launcher, 2)] == [
+            (signal.SIGKILL, None)
+        ] * 2
+    finally:
+        launcher.kill_everything()
