@@ -15,9 +15,11 @@ Contract:
 
 * Never blocks, never raises. A missing socket, a full buffer (``EAGAIN``) or a gone agent
   drops the message and counts it (:func:`stats`); after an error the connection is retried
-  at most once a second. Additive counters of a dropped report (``tokens``,
-  ``checkpoint_stall_s``) and its ``checkpoint_step`` are carried into the next report that
-  gets through, so totals survive drops.
+  at most once a second. Anything else that goes wrong (a step that is not an integer, a
+  metric whose ``__float__`` raises) drops the message too, and counts in ``errors``.
+  Additive counters of a dropped report (``tokens``, ``checkpoint_stall_s``) and its
+  ``checkpoint_step`` are carried into the next report that gets through, so totals survive
+  drops.
 * Outside trainpod (``TRAINPOD_BEACON_SOCKET`` or ``TRAINPOD_ATTEMPT_ID`` unset) every call is
   a no-op: the environment is read once, on the first call; :func:`reset` reads it again.
 * Fork-safe: a child forked with ``os.fork`` (or ``multiprocessing``) opens its own
@@ -61,21 +63,25 @@ _RECONNECT_EVERY_S = 1.0  # how often a sender retries connect() while the agent
 
 class BeaconStats:
     """Counters of this process since the last :func:`reset` (or fork). Plain class, not a
-    dataclass or NamedTuple, to keep ``dataclasses``/``typing`` out of the import."""
+    dataclass or NamedTuple, to keep ``dataclasses``/``typing`` out of the import.
 
-    __slots__ = ("dropped", "sent")
+    ``errors``: the dropped messages (counted in ``dropped`` too) whose failure was not the
+    socket's, but an unexpected exception the never-raises contract swallowed."""
 
-    def __init__(self, sent: int, dropped: int) -> None:
+    __slots__ = ("dropped", "errors", "sent")
+
+    def __init__(self, sent: int, dropped: int, errors: int = 0) -> None:
         self.sent = sent
         self.dropped = dropped
+        self.errors = errors
 
     def __repr__(self) -> str:
-        return f"BeaconStats(sent={self.sent}, dropped={self.dropped})"
+        return f"BeaconStats(sent={self.sent}, dropped={self.dropped}, errors={self.errors})"
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BeaconStats):
             return NotImplemented
-        return (self.sent, self.dropped) == (other.sent, other.dropped)
+        return (self.sent, self.dropped, self.errors) == (other.sent, other.dropped, other.errors)
 
     __hash__ = None  # type: ignore[assignment]  # mutable value object, like a dataclass
 
@@ -91,6 +97,7 @@ _encode: Any = None  # json.JSONEncoder(...).encode
 _carry: dict[str, float] = {}
 _sent = 0
 _dropped = 0
+_errors = 0
 
 
 def report(step: int, **metrics: float | int | str | bool) -> None:
@@ -116,7 +123,7 @@ def heartbeat() -> None:
 
 def stats() -> BeaconStats:
     """How many messages this process sent and dropped."""
-    return BeaconStats(_sent, _dropped)
+    return BeaconStats(_sent, _dropped, _errors)
 
 
 def reset() -> None:
@@ -124,10 +131,10 @@ def reset() -> None:
 
     For tests and for programs that change ``TRAINPOD_*`` variables after the first call.
     """
-    global _enabled, _sent, _dropped
+    global _enabled, _sent, _dropped, _errors
     _close_socket()
     _enabled = None
-    _sent = _dropped = 0
+    _sent = _dropped = _errors = 0
     _carry.clear()
 
 
@@ -161,7 +168,7 @@ def _jsonable(value: object) -> object:
 
 
 def _send(step: int | None, metrics: dict[str, Any] | None) -> None:
-    global _sent, _dropped
+    global _sent, _dropped, _errors
     try:
         if _carry and metrics is not None:
             metrics = _merge_carry(metrics)
@@ -184,7 +191,10 @@ def _send(step: int | None, metrics: dict[str, Any] | None) -> None:
         if exc.errno != errno.EMSGSIZE:
             _close_socket()
     except Exception:
-        pass
+        # A beacon must never raise into the training loop: int(step) of a non-number, a
+        # metric whose __float__ or __str__ raises, a bug here. Drop the message and count
+        # it, so a job whose beacons all fail shows it in stats() (and later in metrics).
+        _errors += 1
     _dropped += 1
     if metrics:
         _stash_carry(metrics)
@@ -251,9 +261,9 @@ def _merge_carry(metrics: dict[str, Any]) -> dict[str, Any]:
 def _after_fork_in_child() -> None:
     # The child shares the parent's connection: close its copy (the parent's stays open) so
     # that its messages go over a connection of its own; its counters start at zero.
-    global _sent, _dropped
+    global _sent, _dropped, _errors
     _close_socket()
-    _sent = _dropped = 0
+    _sent = _dropped = _errors = 0
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -125,6 +125,25 @@ def test_unserialisable_metrics_are_coerced(server: BeaconServer) -> None:
     assert str(metrics["what"]).startswith("<object object")
 
 
+def test_a_report_that_cannot_be_sent_is_dropped_and_counted_as_an_error(
+    server: BeaconServer,
+) -> None:
+    class Broken:  # a metric whose conversion fails in an unforeseen way
+        def __float__(self) -> float:
+            raise RuntimeError("device lost")
+
+        def __str__(self) -> str:
+            raise RuntimeError("device lost")
+
+    trainpod.report("not a step")  # type: ignore[arg-type]
+    trainpod.report(1, loss=Broken(), tokens=10)  # type: ignore[arg-type]
+    assert beacon.stats() == beacon.BeaconStats(sent=0, dropped=2, errors=2)
+    trainpod.report(2, tokens=5)
+    wait_received(server, 1)
+    assert beacon.stats() == beacon.BeaconStats(sent=1, dropped=2, errors=2)
+    assert server.book.summary(ATTEMPT).ranks[3].tokens == 15  # the dropped tokens carried
+
+
 def test_drops_are_counted_when_the_agent_is_gone(
     monkeypatch: pytest.MonkeyPatch, sock_dir: Path
 ) -> None:
