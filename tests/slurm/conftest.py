@@ -8,21 +8,26 @@ CI runs as root, so a missing Slurm is a broken set-up, not a reason to skip.
 
 Slurm 22.05 has no ``scontrol --json``: jobs come from ``squeue --json`` (which lists finished
 jobs too, for MinJobAge=300 s, and ignores ``-j``/``-t``), nodes from ``sinfo --json`` (which
-ignores ``-n``). See docs/slurm-json.md for the fields.
+ignores ``-n``), both read with trainpod's own :class:`trainpod.slurm.cli.Slurm`. See
+docs/slurm-json.md for the fields.
+
+Tests wait on the state Slurm reports, never for a fixed time, and the deadlines come from the
+cluster's own slurm.conf (:class:`SlurmTiming`), so they follow the timers that scripts/slurm-ci
+sets and hold on a busy machine.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from trainpod.slurm.cli import Slurm, SlurmError, parse_node
 from trainpod.testing.wait import WaitTimeout, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +40,12 @@ JOB_ENDED = frozenset(
 )
 
 
+SLACK = 6
+"""How much longer than on an idle machine Slurm may take on a busy one. Slurm's timers run
+on the wall clock, but on a loaded CI machine every daemon waits for a CPU and every RPC may
+use its whole MessageTimeout; a wait still fails within minutes when something hangs."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/slurm carries the ``slurm`` marker (``-m 'not slurm'`` skips)."""
     for item in items:
@@ -42,8 +53,117 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slurm)
 
 
-def _state(node: dict[str, Any]) -> str:
-    return "+".join([node["state"].upper(), *node["state_flags"]])
+def _state(node: Mapping[str, Any]) -> str:
+    """A node's state in one string, flags sorted: ``IDLE+DRAIN``, ``DOWN+NOT_RESPONDING``."""
+    n = parse_node(node)
+    return "+".join([n.state, *sorted(n.flags)])
+
+
+@dataclass(frozen=True)
+class SlurmTiming:
+    """How long Slurm may take to do things, from the timers in the cluster's slurm.conf.
+
+    Each ``*_s`` property is what those timers allow on an idle machine (the mechanics and
+    the measurements behind them are in /work/shared/notes/slurm.md, sections 4 and 6); a wait
+    uses :meth:`deadline`, which adds the slack a busy machine needs. Defaults are Slurm's own
+    for keys the file leaves out.
+    """
+
+    slurmd_timeout_s: float = 300
+    message_timeout_s: float = 10
+    sched_interval_s: float = 60
+    bf_interval_s: float = 30
+    batch_sched_delay_s: float = 3
+    health_check_interval_s: float = 0
+    cred_expire_s: float = 120
+    kill_wait_s: float = 30
+
+    @classmethod
+    def from_conf(cls, conf: Path) -> SlurmTiming:
+        """Read the timers from ``conf`` (``Key=Value`` words; keys are case-insensitive)."""
+        words: dict[str, str] = {}
+        for line in conf.read_text().splitlines():
+            for word in line.split("#", 1)[0].split():
+                key, _, value = word.partition("=")
+                words.setdefault(key.lower(), value)
+        sub: dict[str, str] = {}
+        for key in ("schedulerparameters", "authinfo"):
+            for item in words.get(key, "").split(","):
+                k, _, v = item.partition("=")
+                sub[k.lower()] = v
+
+        def num(value: str | None, default: float) -> float:
+            return float(value) if value and value.isdigit() else default
+
+        d = cls()
+        return cls(
+            slurmd_timeout_s=num(words.get("slurmdtimeout"), d.slurmd_timeout_s),
+            message_timeout_s=num(words.get("messagetimeout"), d.message_timeout_s),
+            sched_interval_s=num(sub.get("sched_interval"), d.sched_interval_s),
+            bf_interval_s=num(sub.get("bf_interval"), d.bf_interval_s),
+            batch_sched_delay_s=num(sub.get("batch_sched_delay"), d.batch_sched_delay_s),
+            health_check_interval_s=num(
+                words.get("healthcheckinterval"), d.health_check_interval_s
+            ),
+            cred_expire_s=num(sub.get("cred_expire"), d.cred_expire_s),
+            kill_wait_s=num(words.get("killwait"), d.kill_wait_s),
+        )
+
+    def deadline(self, *phases_s: float) -> float:
+        """A wait's timeout for Slurm to go through ``phases_s`` (properties of this class)."""
+        return SLACK * sum(phases_s)
+
+    @property
+    def rpc_s(self) -> float:
+        """One RPC between Slurm's daemons or from a client: given up after MessageTimeout."""
+        return self.message_timeout_s
+
+    @property
+    def ping_interval_s(self) -> float:
+        """slurmctld pings a node that has not answered for SlurmdTimeout/3 (at least 1 s)."""
+        return max(1.0, self.slurmd_timeout_s // 3)
+
+    @property
+    def start_s(self) -> float:
+        """An eligible job to RUNNING: the next pass of the scheduler or the backfill, then
+        the launch RPC to the node."""
+        return (
+            self.batch_sched_delay_s + max(self.sched_interval_s, self.bf_interval_s) + self.rpc_s
+        )
+
+    @property
+    def down_s(self) -> float:
+        """A dead slurmd to DOWN ("Not responding"), its jobs requeued or failed. slurmctld
+        marks it DOWN at the first ping cycle that starts SlurmdTimeout after the previous
+        one began without an answer; a ping of a dead port retries the refused connection
+        (2 x MessageTimeout + 1 s, measured) and the next cycle waits for it. Measured 13-18 s
+        with SlurmdTimeout=5, MessageTimeout=3; this gives 20 s."""
+        ping_s = max(self.ping_interval_s, 2 * self.message_timeout_s + 1)
+        return self.slurmd_timeout_s + self.ping_interval_s + 2 * ping_s
+
+    @property
+    def respond_s(self) -> float:
+        """A restarted or resumed slurmd to responding (NOT_RESPONDING cleared, and idle
+        again with ReturnToService=2): its registration, at the latest the next ping."""
+        return self.ping_interval_s + self.rpc_s
+
+    @property
+    def health_check_s(self) -> float:
+        """Every slurmd runs its health check every HealthCheckInterval; a drain it asks for
+        is one RPC."""
+        return self.health_check_interval_s + self.rpc_s
+
+    @property
+    def end_s(self) -> float:
+        """A cancelled job, or one on a node gone DOWN, to its end (requeued, if it may be):
+        SIGTERM, KillWait, SIGKILL, then the completion RPC."""
+        return self.kill_wait_s + self.rpc_s
+
+    @property
+    def requeue_s(self) -> float:
+        """A requeued job to RUNNING again: it is eligible cred_expire + 1 s after the
+        requeue, then it starts (start_s)."""
+        return self.cred_expire_s + 1 + self.start_s
 
 
 def run_script(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
@@ -65,6 +185,12 @@ class SlurmCI:
     dir: Path
     conf: Path
     nodes: tuple[str, ...]
+    timing: SlurmTiming
+
+    @property
+    def slurm(self) -> Slurm:
+        """trainpod's own Slurm client for this cluster (JSON output, errors checked)."""
+        return Slurm(env={"SLURM_CONF": str(self.conf)})
 
     @property
     def env(self) -> dict[str, str]:
@@ -100,17 +226,18 @@ class SlurmCI:
 
     def kill_node(self, name: str) -> None:
         """SIGKILL the node's slurmd, its slurmstepds and job processes. Slurm sees the node
-        not responding after ~5 s and DOWN after 13-18 s (SlurmdTimeout=5)."""
+        not responding after ~5 s and DOWN within ``timing.down_s``."""
         self.script("kill-node", name)
 
     def start_node(self, name: str) -> None:
-        """Start the node's slurmd again (no-op if running); it is idle again in under 1 s."""
+        """Start the node's slurmd again (no-op if running); it answers within
+        ``timing.respond_s`` (in under 1 s, measured)."""
         self.script("start-node", name)
 
     def set_health_command(self, cmdline: str | None) -> None:
         """Make every slurmd run ``cmdline`` (with /bin/sh, SLURMD_NODENAME and SLURM_CONF set)
-        as its health check every 5 s; None stops it. A non-zero exit does not drain the
-        node: the command must call ``scontrol update ... State=DRAIN`` itself."""
+        as its health check every HealthCheckInterval; None stops it. A non-zero exit does not
+        drain the node: the command must call ``scontrol update ... State=DRAIN`` itself."""
         path = self.dir / "healthcheck.cmd"
         if cmdline is None:
             path.unlink(missing_ok=True)
@@ -121,8 +248,7 @@ class SlurmCI:
 
     def nodes_json(self) -> dict[str, dict[str, Any]]:
         """``sinfo --json`` nodes by name (fields in docs/slurm-json.md)."""
-        out = self.run("sinfo", "--json").stdout
-        return {n["name"]: n for n in json.loads(out)["nodes"]}
+        return {n["name"]: n for n in self.slurm.json(["sinfo", "--json"])["nodes"]}
 
     def node(self, name: str) -> dict[str, Any]:
         return self.nodes_json()[name]
@@ -131,12 +257,17 @@ class SlurmCI:
         """State as scontrol spells it: ``IDLE``, ``IDLE+DRAIN``, ``DOWN+NOT_RESPONDING``..."""
         return _state(self.node(name))
 
-    def wait_node(self, name: str, predicate: Callable[[str], bool], timeout_s: float = 30) -> str:
-        """Wait until ``predicate(node_state(name))``; return that state."""
+    def wait_node(self, name: str, predicate: Callable[[str], bool], *, timeout_s: float) -> str:
+        """Wait until ``predicate(node_state(name))``; return that state. A Slurm command that
+        fails meanwhile (slurmctld busy) counts as not yet."""
         last: list[str] = []
 
         def probe() -> str | None:
-            last[:] = [self.node_state(name)]
+            try:
+                last[:] = [self.node_state(name)]
+            except SlurmError as exc:
+                last[:] = [str(exc)]
+                return None
             return last[0] if predicate(last[0]) else None
 
         try:
@@ -144,14 +275,18 @@ class SlurmCI:
         except WaitTimeout as exc:
             raise WaitTimeout(f"{exc}; {name} was {last}") from None
 
-    def wait_idle(self, timeout_s: float = 30) -> None:
+    def wait_idle(self, *, timeout_s: float) -> None:
         """Wait until every node is plain IDLE (no DRAIN, DOWN or NOT_RESPONDING flag)."""
         last: dict[str, str] = {}
 
         def probe() -> bool:
             last.clear()
-            last.update({name: _state(n) for name, n in self.nodes_json().items()})
-            return all(state == "IDLE" for state in last.values())
+            try:
+                last.update({name: _state(n) for name, n in self.nodes_json().items()})
+            except SlurmError as exc:
+                last["error"] = str(exc)
+                return False
+            return bool(last) and all(state == "IDLE" for state in last.values())
 
         try:
             wait_until(probe, timeout_s=timeout_s, interval_s=0.2, what="all nodes idle")
@@ -165,19 +300,28 @@ class SlurmCI:
         out = self.run("sbatch", "--parsable", *sbatch_args).stdout
         return int(out.strip().split(";")[0])
 
+    def jobs_json(self) -> list[dict[str, Any]]:
+        """Every job of ``squeue --json``, finished ones too (for MinJobAge=300 s)."""
+        jobs: list[dict[str, Any]] = self.slurm.json(["squeue", "--json"])["jobs"]
+        return jobs
+
     def job(self, job_id: int) -> dict[str, Any] | None:
-        """The job from ``squeue --json`` (finished jobs stay for MinJobAge=300 s), or None."""
-        out = self.run("squeue", "--json").stdout
-        return next((j for j in json.loads(out)["jobs"] if j["job_id"] == job_id), None)
+        """The job from ``squeue --json``, or None."""
+        return next((j for j in self.jobs_json() if j["job_id"] == job_id), None)
 
     def wait_job(
-        self, job_id: int, states: frozenset[str] = JOB_ENDED, timeout_s: float = 30
+        self, job_id: int, states: frozenset[str] = JOB_ENDED, *, timeout_s: float
     ) -> dict[str, Any]:
-        """Wait until the job's ``job_state`` is one of ``states``; return the job."""
+        """Wait until the job's ``job_state`` is one of ``states``; return the job. A Slurm
+        command that fails meanwhile (slurmctld busy) counts as not yet."""
         last: list[str] = []
 
         def probe() -> dict[str, Any] | None:
-            job = self.job(job_id)
+            try:
+                job = self.job(job_id)
+            except SlurmError as exc:
+                last[:] = [str(exc)]
+                return None
             last[:] = [] if job is None else [job["job_state"], job["state_reason"]]
             return job if job is not None and job["job_state"] in states else None
 
@@ -186,12 +330,11 @@ class SlurmCI:
         except WaitTimeout as exc:
             raise WaitTimeout(f"{exc}; wanted {sorted(states)}, job was {last}") from None
 
-    def reset(self, timeout_s: float = 45) -> None:
+    def reset(self) -> None:
         """Back to a clean, idle cluster: no health command, no live jobs, every slurmd
         running, every node resumed."""
         self.set_health_command(None)
-        jobs = json.loads(self.run("squeue", "--json").stdout)["jobs"]
-        live = [str(j["job_id"]) for j in jobs if j["job_state"] not in JOB_ENDED]
+        live = [str(j["job_id"]) for j in self.jobs_json() if j["job_state"] not in JOB_ENDED]
         if live:
             self.run("scancel", *live, check=False)
         for name in self.nodes:
@@ -199,7 +342,8 @@ class SlurmCI:
         for name, node in self.nodes_json().items():
             if node["state"] != "idle" or node["state_flags"]:
                 self.run("scontrol", "update", f"nodename={name}", "state=resume", check=False)
-        self.wait_idle(timeout_s)
+        t = self.timing
+        self.wait_idle(timeout_s=t.deadline(t.end_s, t.respond_s))
 
 
 @pytest.fixture(scope="session")
@@ -222,7 +366,9 @@ def slurm() -> Iterator[SlurmCI]:
         )
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("SLURM_CONF", str(conf))
-            yield SlurmCI(dir=cluster_dir, conf=conf, nodes=nodes)
+            yield SlurmCI(
+                dir=cluster_dir, conf=conf, nodes=nodes, timing=SlurmTiming.from_conf(conf)
+            )
     finally:
         down = run_script("down", "--purge", "--dir", str(cluster_dir))
         if down.returncode != 0:

@@ -7,7 +7,6 @@ exact only when no step was lost or done twice across restarts.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -15,6 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,9 +83,8 @@ class SlurmCluster:
 
         return wait_until(reached, timeout_s=timeout_s, what=f"job {job_id} checkpoint {step}")
 
-    def slurm_job(self, external: str) -> dict[str, object]:
-        jobs = json.loads(self.slurm.run("squeue", "--json").stdout)["jobs"]
-        return next(j for j in jobs if str(j["job_id"]) == external)
+    def slurm_job(self, external: str) -> dict[str, Any]:
+        return next(j for j in self.slurm.jobs_json() if str(j["job_id"]) == external)
 
     def events(self, job_id: int | None = None) -> list[tuple[str, dict[str, object]]]:
         return [(e.kind, e.data) for e in self.client.events(job_id=job_id, limit=1000)]
@@ -145,10 +144,9 @@ def test_a_two_node_job_runs_through_sbatch_and_completes(cluster: SlurmCluster)
     assert final_value(cluster, done) == expected_value(2, 10)
     ranks = {r.rank: r.node for r in done.attempts[0].ranks}
     assert set(ranks.values()) <= set(cluster.slurm.nodes) and len(set(ranks.values())) == 2
-    sj = wait_until(
-        lambda: (j := cluster.slurm_job(job.external))["job_state"] == "COMPLETED" and j,
-        timeout_s=30,
-        what="the Slurm job to complete",
+    t = cluster.slurm.timing
+    sj = cluster.slurm.wait_job(
+        int(job.external), frozenset({"COMPLETED"}), timeout_s=t.deadline(t.end_s)
     )
     assert sj["name"] == f"tp-sl-{job.id}"
     kinds = [k for k, _ in cluster.events(job.id)]
@@ -196,10 +194,9 @@ def test_cancel_scancels_the_slurm_job(cluster: SlurmCluster) -> None:
     cluster.client.cancel(job.id)
     done = cluster.wait_job(job.id)
     assert done.state == "cancelled"
-    wait_until(
-        lambda: cluster.slurm_job(job.external)["job_state"] == "CANCELLED",
-        timeout_s=30,
-        what="Slurm to cancel the job",
+    t = cluster.slurm.timing
+    cluster.slurm.wait_job(
+        int(job.external), frozenset({"CANCELLED"}), timeout_s=t.deadline(t.end_s)
     )
 
 
@@ -361,11 +358,10 @@ def test_alloc_runs_the_job_under_salloc_in_the_foreground(cluster: SlurmCluster
     assert "hello from rank 0 node" in out.stdout and "completed" in out.stdout
     (job,) = cluster.client.jobs()
     assert job.state == "completed" and job.spec.interactive and job.external
-    wait_until(
-        lambda: cluster.slurm_job(job.external)["job_state"] == "COMPLETED",
-        timeout_s=30,
-        what="the salloc allocation to end",
-    )
+    t = cluster.slurm.timing
+    cluster.slurm.wait_job(
+        int(job.external), frozenset({"COMPLETED"}), timeout_s=t.deadline(t.end_s)
+    )  # the salloc allocation ended
 
 
 def test_jobs_get_whole_nodes_so_two_small_jobs_run_side_by_side(cluster: SlurmCluster) -> None:
