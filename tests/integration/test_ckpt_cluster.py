@@ -45,6 +45,7 @@ print(f"rank={rank} done", flush=True)
 """
 
 
+@pytest.mark.timeout(120)
 def test_crash_and_in_job_restart_resume_from_the_memory_tier(cluster: Cluster) -> None:
     (cluster.workdir / "train.py").write_text(TRAIN)
     job = cluster.submit(
@@ -131,6 +132,7 @@ while True:  # until cancelled
 """
 
 
+@pytest.mark.timeout(120)
 def test_the_agent_uploads_after_the_worker_was_killed_and_cleans_up(cluster: Cluster) -> None:
     (cluster.workdir / "killed.py").write_text(KILLED)
     (cluster.workdir / "wait.py").write_text(SAVE_AND_WAIT)

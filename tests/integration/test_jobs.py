@@ -124,6 +124,7 @@ def test_bad_submissions_get_clear_errors(cluster: Cluster) -> None:
     assert "cannot start" in done.reason
 
 
+@pytest.mark.timeout(120)
 def test_gpt_example_trains_and_resumes(cluster: Cluster) -> None:
     example = Path(__file__).parents[2] / "examples" / "gpt" / "train.py"
     shutil.copy(example, cluster.workdir / "train.py")

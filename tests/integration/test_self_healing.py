@@ -218,6 +218,7 @@ def check_replaced_and_repaired(t: Training, bad: str, since: float, lost: bool 
 
 
 # -- crash --------------------------------------------------------------------------------
+@pytest.mark.timeout(120)
 def test_killed_worker_restarts_in_place_from_the_last_checkpoint(cluster: Cluster) -> None:
     t = train(cluster)
     t.wait_progress()
@@ -298,6 +299,7 @@ def test_a_user_error_is_recognised_whichever_rank_reports_it_first(cluster: Clu
 
 
 # -- hang ---------------------------------------------------------------------------------
+@pytest.mark.timeout(120)
 def test_a_hung_rank_is_detected_and_the_job_restarted(cluster: Cluster) -> None:
     t = train(cluster)
     t.wait_progress()
@@ -335,6 +337,7 @@ def test_a_hung_rank_is_detected_and_the_job_restarted(cluster: Cluster) -> None
 
 
 # -- node faults --------------------------------------------------------------------------
+@pytest.mark.timeout(120)
 def test_a_lost_node_is_replaced_by_the_spare(cluster: Cluster) -> None:
     t = train(cluster)
     t.wait_progress()
@@ -371,6 +374,7 @@ def test_a_lost_node_is_replaced_by_the_spare(cluster: Cluster) -> None:
     # the fault's class and the node's repair: see the next test
 
 
+@pytest.mark.timeout(120)
 def test_a_lost_node_is_a_node_fault_and_comes_back_repaired(cluster: Cluster) -> None:
     t = train(cluster, max_restarts=0)  # a node fault must not use up the job's restarts
     t.wait_progress()
@@ -411,6 +415,7 @@ def test_a_lost_node_is_a_node_fault_and_comes_back_repaired(cluster: Cluster) -
     ("fault", "says", "repair"),
     [("xid79", "XID 79", True), ("ecc", "uncorrectable ECC", False)],  # one repair is enough
 )
+@pytest.mark.timeout(120)
 def test_a_gpu_fault_quarantines_the_node_and_the_spare_takes_over(
     cluster: Cluster, fault: str, says: str, repair: bool
 ) -> None:
@@ -451,6 +456,7 @@ def test_a_gpu_fault_quarantines_the_node_and_the_spare_takes_over(
     assert gpu["status"] == "ok", gpu
 
 
+@pytest.mark.timeout(120)
 def test_a_full_disk_quarantines_the_node_and_the_spare_takes_over(cluster: Cluster) -> None:
     t = train(cluster)
     t.wait_progress()
@@ -472,6 +478,7 @@ def test_a_full_disk_quarantines_the_node_and_the_spare_takes_over(cluster: Clus
     # (its repair is the GPU fault's, checked there)
 
 
+@pytest.mark.timeout(120)
 def test_a_hot_gpu_is_only_a_warning(cluster: Cluster) -> None:
     t = train(cluster)
     t.wait_progress()
@@ -496,6 +503,7 @@ def test_a_hot_gpu_is_only_a_warning(cluster: Cluster) -> None:
 
 
 # -- stragglers ---------------------------------------------------------------------------
+@pytest.mark.timeout(180)
 def test_a_persistent_straggler_is_replaced_by_the_spare(cluster: Cluster) -> None:
     # Ranks sync every 5 steps (like gradient accumulation), so each rank's step time is
     # its own between syncs; see the lockstep test below for why that matters.

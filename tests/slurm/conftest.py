@@ -47,10 +47,20 @@ use its whole MessageTimeout; a wait still fails within minutes when something h
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under tests/slurm carries the ``slurm`` marker (``-m 'not slurm'`` skips)."""
+    """Every test under tests/slurm carries the ``slurm`` marker (``-m 'not slurm'`` skips).
+
+    Their per-test timeout covers the test function only (``func_only``): the session's Slurm
+    starts in the set-up of the first test that needs it and stops in the tear-down of the
+    last, and a timeout that cut ``slurm-ci up`` or ``down`` short would leave daemons behind.
+    The script and every wait in the fixtures have deadlines of their own.
+    """
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(pytest.mark.slurm)
+            own = item.get_closest_marker("timeout")
+            args, kwargs = (own.args, own.kwargs) if own else ((), {})
+            timeout = pytest.mark.timeout(*args, **{**kwargs, "func_only": True})
+            item.add_marker(timeout, append=False)  # first, so the closest
 
 
 def _state(node: Mapping[str, Any]) -> str:

@@ -214,6 +214,7 @@ def _assert_drained(c: SlurmCluster, node: str, words: str) -> None:
     assert "trainpod" in n["reason"] and words in n["reason"], n["reason"]
 
 
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("fault", ["xid79", "kill-agent"])
 def test_a_node_fault_drains_the_node_and_a_spare_takes_over(
     cluster: SlurmCluster, fault: str
@@ -234,6 +235,7 @@ def test_a_node_fault_drains_the_node_and_a_spare_takes_over(
     assert cluster.slurm_job(job.external)["restart_cnt"] == 0  # healed inside the allocation
 
 
+@pytest.mark.timeout(300)
 def test_a_killed_slurmd_is_seen_and_the_spare_takes_over(cluster: SlurmCluster) -> None:
     job = cluster.train(200, nodes=2, spares=1, auto_resume=True)
     running = cluster.wait_step(job.id, 5)
@@ -247,6 +249,7 @@ def test_a_killed_slurmd_is_seen_and_the_spare_takes_over(cluster: SlurmCluster)
     assert "DRAIN" in flags, cluster.slurm.node(bad)
 
 
+@pytest.mark.timeout(300)
 def test_without_a_spare_the_job_is_requeued_without_the_bad_node(
     cluster: SlurmCluster,
 ) -> None:
@@ -314,6 +317,7 @@ def test_create_refuses_a_spec_that_does_not_match_slurm(
 Maker = Callable[..., SlurmCluster]
 
 
+@pytest.mark.timeout(300)
 def test_a_node_that_passes_the_deep_check_is_resumed_in_slurm(cluster: SlurmCluster) -> None:
     """XID 79 → drained; checks in place fail while the GPU is bad (retired); once it is
     fixed, an operator's resume runs the deep check on the node's live agent (inside the

@@ -75,6 +75,7 @@ def test_health_command_can_drain_a_node(cluster: SlurmCI) -> None:
     assert all(cluster.node_state(n) == "IDLE" for n in cluster.nodes if n != "node3")
 
 
+@pytest.mark.timeout(300)
 def test_killed_node_goes_down_requeues_its_job_and_comes_back(cluster: SlurmCI) -> None:
     t = cluster.timing
     job_id = cluster.submit("-w", "node4", "--requeue", "--output=/dev/null", "--wrap", "sleep 300")
