@@ -423,3 +423,23 @@ def test_without_auto_resume_a_straggler_is_only_flagged(make: Make) -> None:
     assert len(c.events("straggler_detected", job_id=job)) == 1
     assert c.job(job).state == "running"
     assert c.node("spares-0").state == "idle"
+
+
+def test_an_attempt_shows_the_fault_it_ended_of_once_classified(make: Make) -> None:
+    """Detected as a crash, classified a GPU fault: both are on the attempt, one each."""
+    c = make(max_restarts=1)
+    job = c.submit(auto_resume=True)
+    first = c.start(job)
+    a1 = c.agents["workers-1"]
+    a1.exit_rank(first, 3, signal=9)
+    a1.set_health("gpu", "fault", "XID 79")
+    a1.beat()
+    c.teardown(job)
+    one = c.job(job).attempts[0]
+    assert (one.state, one.cause, one.fault) == ("failed", "crash", "gpu_fault")
+    (classified,) = c.events("fault_classified", job_id=job)
+    assert (classified.data["was"], classified.data["fault"]) == ("crash", "gpu_fault")
+    c.start(job)
+    c.crash(job, rank=0)
+    two = c.job(job).attempts[1]
+    assert (two.cause, two.fault) == ("crash", "crash")  # nothing to reclassify

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainpod.model.states import AttemptState, JobState, NodeState, RankState
 from trainpod.spec.job import JobSpec
 
 
@@ -227,7 +228,7 @@ class NodeInfo(_Model):
     role: str
     spare: bool
     devices: int
-    state: str
+    state: NodeState
     reason: str
     job_id: int | None
     address: str | None
@@ -243,7 +244,7 @@ class RankInfo(_Model):
     rank: int
     node: str
     local_rank: int
-    state: str
+    state: RankState
     pid: int | None
     exit_code: int | None
     signal: int | None
@@ -253,22 +254,27 @@ class RankInfo(_Model):
 
 class AttemptInfo(_Model):
     number: int
-    state: str
+    state: AttemptState
     nodes: list[str]
     master_addr: str
     master_port: int
     created_at: float
     started_at: float | None
     ended_at: float | None
-    cause: str
+    cause: str = Field(description="why it stopped, as first detected")
     failure: dict[str, Any]
     ranks: list[RankInfo] = Field(default_factory=list)
+    fault: str = Field(
+        default="",
+        description="the fault it ended of once classified (a crash whose node died is "
+        "node_lost); equals cause when nothing changed, empty when no fault",
+    )
 
 
 class JobInfo(_Model):
     id: int
     name: str
-    state: str
+    state: JobState
     reason: str
     spec: JobSpec
     submitted_at: float

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from trainpod.api.models import EventInfo, JobInfo
+from trainpod.api.models import AttemptInfo, EventInfo, JobInfo
 from trainpod.backends.local import python_first_path
 from trainpod.cli.context import client_for
 from trainpod.cli.render import console, duration, jobs_table, show_value, styled
@@ -152,7 +152,7 @@ def print_job(job: JobInfo) -> None:
     if job.reason:
         console.print(f"  reason     {job.reason}")
     for a in job.attempts:
-        cause = f" ({a.cause})" if a.cause else ""
+        cause = _cause(a)
         console.print(
             f"  attempt {a.number}: {styled(a.state)}{cause} on {','.join(a.nodes)} "
             f"master {a.master_addr}:{a.master_port}"
@@ -263,3 +263,10 @@ def goodput(
         console.print_json(json.dumps(report.to_dict()))
     else:
         render(report)
+
+
+def _cause(a: AttemptInfo) -> str:
+    """`` (crash)``, or `` (node_lost; detected as crash)`` once the fault was classified."""
+    if a.fault and a.cause and a.fault != a.cause:
+        return f" ({a.fault}; detected as {a.cause})"
+    return f" ({a.cause})" if a.cause else ""

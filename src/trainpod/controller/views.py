@@ -118,7 +118,7 @@ def _job_info(
     return JobInfo(
         id=job.id,
         name=job.name,
-        state=job.state.value,
+        state=job.state,
         reason=reason,
         spec=JobSpec.model_validate(job.spec),
         submitted_at=job.submitted_at,
@@ -133,7 +133,7 @@ def _job_info(
 def _attempt_info(a: AttemptRow, ranks: list[RankRow]) -> AttemptInfo:
     return AttemptInfo(
         number=a.number,
-        state=a.state.value,
+        state=a.state,
         nodes=a.nodes,
         master_addr=a.master_addr,
         master_port=a.master_port,
@@ -141,13 +141,14 @@ def _attempt_info(a: AttemptRow, ranks: list[RankRow]) -> AttemptInfo:
         started_at=a.started_at,
         ended_at=a.ended_at,
         cause=a.cause,
+        fault=str(a.failure.get("classified", {}).get("kind", "")) or a.cause,
         failure=a.failure,
         ranks=[
             RankInfo(
                 rank=r.rank,
                 node=r.node,
                 local_rank=r.local_rank,
-                state=r.state.value,
+                state=r.state,
                 pid=r.pid,
                 exit_code=r.exit_code,
                 signal=r.signal,
@@ -166,7 +167,7 @@ def _node_info(n: NodeRow) -> NodeInfo:
         role=n.role,
         spare=n.spare,
         devices=n.devices,
-        state=n.state.value,
+        state=n.state,
         reason=n.reason,
         job_id=n.job_id,
         address=n.address,
