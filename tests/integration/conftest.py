@@ -53,7 +53,7 @@ class Cluster:
     workdir: Path
 
     def submit(self, command: list[str], **kw: object) -> JobInfo:
-        spec = JobSpec(command=command, env=default_env(), workdir=str(self.workdir), **kw)  # type: ignore[arg-type]
+        spec = JobSpec(command=command, env=default_env(), workdir=str(self.workdir), **kw)
         return self.client.submit(spec)
 
     def wait_job(self, job_id: int, states: set[str] = ENDED, timeout_s: float = 90) -> JobInfo:

@@ -131,7 +131,7 @@ class S3Server:
 
     def client(self) -> Any:
         """A boto3 S3 client for this server (for setting up and inspecting buckets)."""
-        import boto3
+        import boto3  # type: ignore[import-untyped]  # boto3 ships no type hints
 
         return boto3.client(
             "s3",

@@ -120,8 +120,8 @@ def test_saves_reach_s3_and_a_new_node_loads_from_there(tmp_path: Path, s3: S3Se
     latest = s3.client().get_object(Bucket=BUCKET, Key=f"{PREFIX}/latest")["Body"].read()
     assert latest == b"3\n"
 
-    step, tier, reasons, state = load_fresh(tmp_path / "b", s3)
-    assert (step, tier, reasons) == (3, "durable", ())
+    loaded, tier, reasons, state = load_fresh(tmp_path / "b", s3)
+    assert (loaded, tier, reasons) == (3, "durable", ())
     expected = make_state(3)
     assert torch.equal(state["model"].weight, expected["model"].weight)
     assert torch.equal(state["model"].bias, expected["model"].bias)
@@ -159,8 +159,8 @@ def test_damaged_object_falls_back_to_the_previous_step(
         data = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
         client.put_object(Bucket=BUCKET, Key=key, Body=damage(data))
 
-    step, tier, reasons, state = load_fresh(tmp_path / "b", s3)
-    assert (step, tier) == (1, "durable")
+    loaded, tier, reasons, state = load_fresh(tmp_path / "b", s3)
+    assert (loaded, tier) == (1, "durable")
     assert torch.equal(state["t"], torch.arange(10.0) + 1) and state["extra"] == {"epoch": 1}
     assert any("step 2" in r and why in r for r in reasons), reasons
 
@@ -189,8 +189,8 @@ def test_store_down_during_saves_then_the_newest_step_lands(tmp_path: Path, s3: 
         p = ck.progress()
         assert p.committed["durable"] == 3 and "durable" not in p.errors, p
     assert steps_in(s3) == ["step-0000000003"]  # the newest step only, not the backlog
-    step, tier, _, state = load_fresh(tmp_path / "b", s3)
-    assert (step, tier) == (3, "durable") and state["extra"] == {"epoch": 3}
+    loaded, tier, _, state = load_fresh(tmp_path / "b", s3)
+    assert (loaded, tier) == (3, "durable") and state["extra"] == {"epoch": 3}
 
 
 def test_store_down_at_load_is_a_reason_and_local_tiers_serve(tmp_path: Path, s3: S3Server) -> None:

@@ -107,7 +107,7 @@ class Training:
         return {int(p.name[5:11]): json.loads(p.read_text()) for p in self.ckpt.glob("ckpt-*.json")}
 
     def chaos(self, node: str, fault: str, rank: int | None = None) -> EventInfo:
-        order = self.client.chaos(ChaosRequest(node=node, fault=fault, rank=rank))  # type: ignore[arg-type]
+        order = self.client.chaos(ChaosRequest(node=node, fault=fault, rank=rank))
         (ev,) = [e for e in self.events("chaos_injected") if e.data["id"] == order.id]
         return ev
 

@@ -61,7 +61,7 @@ class SlurmCluster:
     slurm: SlurmCI
 
     def submit(self, command: list[str], **kw: object) -> JobInfo:
-        spec = JobSpec(command=command, env=default_env(), workdir=str(self.workdir), **kw)  # type: ignore[arg-type]
+        spec = JobSpec(command=command, env=default_env(), workdir=str(self.workdir), **kw)
         return self.client.submit(spec)
 
     def train(self, steps: int, **kw: object) -> JobInfo:
@@ -222,7 +222,7 @@ def test_a_node_fault_drains_the_node_and_a_spare_takes_over(
     job = cluster.train(40, nodes=2, spares=1, auto_resume=True)
     running = cluster.wait_step(job.id, 5)
     bad = _node_of_rank(running, 1)
-    cluster.client.chaos(ChaosRequest(node=bad, fault=fault))  # type: ignore[arg-type]
+    cluster.client.chaos(ChaosRequest(node=bad, fault=fault))
     done = cluster.wait_job(job.id, timeout_s=180)
     assert done.state == "completed", done.reason
     assert final_value(cluster, done) == expected_value(2, 40)
