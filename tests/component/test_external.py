@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainpod.api.models import HealthResult
+from trainpod.api.models import HealthResult, JobInfo, NodeInfo
 from trainpod.controller.core import Controller
 from trainpod.controller.ops import ClusterOps, ExternalJob, ExternalNode, Observed
 from trainpod.errors import SpecError
@@ -93,14 +93,14 @@ class Slurmish:
             self.agents[n].beat()
         return nodes
 
-    def job(self, job_id: int):  # type: ignore[no-untyped-def]
+    def job(self, job_id: int) -> JobInfo:
         return self.controller.job_info(job_id)
 
-    def node(self, name: str):  # type: ignore[no-untyped-def]
+    def node(self, name: str) -> NodeInfo:
         return next(n for n in self.controller.node_infos() if n.name == name)
 
     def submit(self, nodes: int = 2, **kw: object) -> int:
-        spec = JobSpec(command=["train"], nodes=nodes, procs_per_node=1, **kw)  # type: ignore[arg-type]
+        spec = JobSpec(command=["train"], nodes=nodes, procs_per_node=1, **kw)
         return self.controller.submit(spec)
 
     def gpu_fault(self, node: str) -> None:

@@ -130,7 +130,7 @@ def test_a_fault_that_needs_a_rank_is_refused_without_one(make: Make) -> None:
     c = make()
     for fault in ("kill-worker", "hang", "slow"):
         with pytest.raises(Conflict, match="needs a running rank on workers-0"):
-            c.controller.chaos(ChaosRequest(node="workers-0", fault=fault))  # type: ignore[arg-type]
+            c.controller.chaos(ChaosRequest(node="workers-0", fault=fault))
     job = c.submit(nodes=1)
     c.start(job)
     with pytest.raises(Conflict, match="rank 5 is not running on workers-0"):
