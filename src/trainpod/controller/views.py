@@ -143,38 +143,9 @@ def _attempt_info(a: AttemptRow, ranks: list[RankRow]) -> AttemptInfo:
         cause=a.cause,
         fault=str(a.failure.get("classified", {}).get("kind", "")) or a.cause,
         failure=a.failure,
-        ranks=[
-            RankInfo(
-                rank=r.rank,
-                node=r.node,
-                local_rank=r.local_rank,
-                state=r.state,
-                pid=r.pid,
-                exit_code=r.exit_code,
-                signal=r.signal,
-                started_at=r.started_at,
-                ended_at=r.ended_at,
-            )
-            for r in ranks
-        ],
+        ranks=[RankInfo.model_validate(r, from_attributes=True) for r in ranks],
     )
 
 
 def _node_info(n: NodeRow) -> NodeInfo:
-    return NodeInfo(
-        name=n.name,
-        group=n.group,
-        role=n.role,
-        spare=n.spare,
-        devices=n.devices,
-        state=n.state,
-        reason=n.reason,
-        job_id=n.job_id,
-        address=n.address,
-        agent_pid=n.agent_pid,
-        last_heartbeat=n.last_heartbeat,
-        facts=n.facts,
-        drained=n.drained,
-        repairs=n.repairs,
-        allocation=n.allocation,
-    )
+    return NodeInfo.model_validate(n, from_attributes=True)
