@@ -85,7 +85,6 @@ class SlurmTiming:
     bf_interval_s: float = 30
     batch_sched_delay_s: float = 3
     health_check_interval_s: float = 0
-    cred_expire_s: float = 120
     kill_wait_s: float = 30
 
     @classmethod
@@ -96,11 +95,10 @@ class SlurmTiming:
             for word in line.split("#", 1)[0].split():
                 key, _, value = word.partition("=")
                 words.setdefault(key.lower(), value)
-        sub: dict[str, str] = {}
-        for key in ("schedulerparameters", "authinfo"):
-            for item in words.get(key, "").split(","):
-                k, _, v = item.partition("=")
-                sub[k.lower()] = v
+        sub: dict[str, str] = {}  # SchedulerParameters=key=value,...
+        for item in words.get("schedulerparameters", "").split(","):
+            k, _, v = item.partition("=")
+            sub[k.lower()] = v
 
         def num(value: str | None, default: float) -> float:
             return float(value) if value and value.isdigit() else default
@@ -115,7 +113,6 @@ class SlurmTiming:
             health_check_interval_s=num(
                 words.get("healthcheckinterval"), d.health_check_interval_s
             ),
-            cred_expire_s=num(sub.get("cred_expire"), d.cred_expire_s),
             kill_wait_s=num(words.get("killwait"), d.kill_wait_s),
         )
 
@@ -144,8 +141,8 @@ class SlurmTiming:
     @property
     def down_s(self) -> float:
         """A dead slurmd to DOWN ("Not responding"), its jobs requeued or failed. slurmctld
-        marks it DOWN at the first ping cycle that starts SlurmdTimeout after the previous
-        one began without an answer; a ping of a dead port retries the refused connection
+        marks it DOWN in the first ping cycle whose previous cycle began SlurmdTimeout or more
+        after the node's last answer; a ping of a dead port retries the refused connection
         (2 x MessageTimeout + 1 s, measured) and the next cycle waits for it. Measured 13-18 s
         with SlurmdTimeout=5, MessageTimeout=3; this gives 20 s."""
         ping_s = max(self.ping_interval_s, 2 * self.message_timeout_s + 1)
@@ -168,12 +165,6 @@ class SlurmTiming:
         """A cancelled job, or one on a node gone DOWN, to its end (requeued, if it may be):
         SIGTERM, KillWait, SIGKILL, then the completion RPC."""
         return self.kill_wait_s + self.rpc_s
-
-    @property
-    def requeue_s(self) -> float:
-        """A requeued job to RUNNING again: it is eligible cred_expire + 1 s after the
-        requeue, then it starts (start_s)."""
-        return self.cred_expire_s + 1 + self.start_s
 
 
 def run_script(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
