@@ -17,13 +17,13 @@ import time
 import uuid
 from typing import Any
 
-from trainpod.agent.beacons import BeaconBook
+from trainpod.agent.beacons import BeaconBook, rank_beacon
 from trainpod.agent.chaos import ChaosExecutor
 from trainpod.agent.launcher import Launcher
 from trainpod.agent.lifecycle import LifecycleRunner
 from trainpod.agent.monitor import DeepChecker, HealthMonitor
 from trainpod.agent.persisters import CheckpointHub
-from trainpod.api.models import AttemptReport, Heartbeat, Orders, RankBeacon
+from trainpod.api.models import AttemptReport, Heartbeat, Orders
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import ControllerUnavailable, TrainpodError
 
@@ -132,22 +132,7 @@ class Agent:
         if self._beacons is None:
             return report
         summary = self._beacons.summary(report.attempt_id)
-        beacons = [
-            RankBeacon(
-                rank=b.rank,
-                first_at=b.first_at,
-                last_at=b.last_at,
-                age_s=b.age_s,
-                first_step=b.first_step,
-                last_step=b.last_step,
-                steps=b.steps,
-                step_time_s=b.step_time_s,
-                last_checkpoint_step=b.last_checkpoint_step,
-                checkpoint_stall_s=b.checkpoint_stall_s,
-                metrics={**b.metrics, "tokens_total": b.tokens},
-            )
-            for b in summary.ranks.values()
-        ]
+        beacons = [rank_beacon(b) for b in summary.ranks.values()]
         return report.model_copy(update={"beacons": beacons})
 
     def controller_time(self) -> float | None:

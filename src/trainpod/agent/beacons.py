@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trainpod.agent.unixsock import SeqpacketServer
+from trainpod.api.models import RankBeacon
 from trainpod.beacon import WIRE_VERSION
 from trainpod.clock import Clock, SystemClock
 
@@ -35,6 +36,7 @@ __all__ = [
     "StragglerTracker",
     "find_stragglers",
     "hang_verdict",
+    "rank_beacon",
 ]
 
 STEP_WINDOW = 50  # recent step durations kept per rank
@@ -89,6 +91,24 @@ class AttemptBeacons:
     def step_times(self) -> dict[int, float]:
         """Rank -> median step time, for the ranks that have one (input of the straggler check)."""
         return {r: b.step_time_s for r, b in self.ranks.items() if b.step_time_s is not None}
+
+
+def rank_beacon(b: RankBeacons) -> RankBeacon:
+    """One rank's summary as the agent sends it with its heartbeat (the sum of the reported
+    ``tokens`` rides in the metrics as ``tokens_total``)."""
+    return RankBeacon(
+        rank=b.rank,
+        first_at=b.first_at,
+        last_at=b.last_at,
+        age_s=b.age_s,
+        first_step=b.first_step,
+        last_step=b.last_step,
+        steps=b.steps,
+        step_time_s=b.step_time_s,
+        last_checkpoint_step=b.last_checkpoint_step,
+        checkpoint_stall_s=b.checkpoint_stall_s,
+        metrics={**b.metrics, "tokens_total": b.tokens},
+    )
 
 
 class _RankState:

@@ -49,11 +49,13 @@ def log_tail(path: Path, max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LINE
 
 
 @dataclass
-class RankProcess:
+class AgentRank:
+    """One rank of an attempt as its agent reports it (:meth:`report`). The launcher's ranks
+    are :class:`RankProcess`; :class:`trainpod.testing.FakeAgent` extends this class too, so
+    a fake's reports cannot drift from the real agent's."""
+
     rank: int
     local_rank: int
-    log_path: Path
-    proc: subprocess.Popen[bytes] | WarmProcess | None = None
     started_at: float | None = None
     ended_at: float | None = None
     exit_code: int | None = None
@@ -64,19 +66,38 @@ class RankProcess:
     def running(self) -> bool:
         return self.ended_at is None
 
+    def _pid(self) -> int | None:
+        return None
+
+    def _log_tail(self) -> str:
+        """The end of the rank's log; read only for a rank that failed."""
+        return ""
+
     def report(self) -> RankReport:
         failed = not self.running and (self.exit_code != 0 or self.signal is not None)
         return RankReport(
             rank=self.rank,
             local_rank=self.local_rank,
-            pid=self.proc.pid if self.proc else None,
+            pid=self._pid(),
             state="running" if self.running else "exited",
             exit_code=self.exit_code,
             signal=self.signal,
             started_at=self.started_at,
             ended_at=self.ended_at,
-            log_tail=log_tail(self.log_path) if failed else "",
+            log_tail=self._log_tail() if failed else "",
         )
+
+
+@dataclass
+class RankProcess(AgentRank):
+    log_path: Path = field(kw_only=True)
+    proc: subprocess.Popen[bytes] | WarmProcess | None = None
+
+    def _pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def _log_tail(self) -> str:
+        return log_tail(self.log_path)
 
 
 @dataclass
@@ -120,7 +141,7 @@ class Launcher:
         log_dir = Path(order.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
         for slot in order.ranks:
-            rp = RankProcess(slot.rank, slot.local_rank, log_dir / f"rank-{slot.rank}.log")
+            rp = RankProcess(slot.rank, slot.local_rank, log_path=log_dir / f"rank-{slot.rank}.log")
             run.ranks.append(rp)
             self._spawn(order, rp)
         self._on_change()

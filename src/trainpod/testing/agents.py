@@ -16,12 +16,15 @@ acknowledged on the next beat.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from trainpod.agent.beacons import BeaconBook, rank_beacon
+from trainpod.agent.launcher import AgentRank
 from trainpod.api.models import (
     AttemptReport,
     ChaosOrder,
@@ -33,7 +36,6 @@ from trainpod.api.models import (
     LifecycleStatus,
     Orders,
     RankBeacon,
-    RankReport,
 )
 from trainpod.clock import Clock
 from trainpod.controller.config import ControllerConfig, NodeDecl
@@ -48,70 +50,34 @@ _agent_ids = itertools.count(1)
 
 
 @dataclass
-class _Rank:
-    rank: int
-    local_rank: int
-    pid: int
-    started_at: float
-    ended_at: float | None = None
-    exit_code: int | None = None
-    signal: int | None = None
+class _Rank(AgentRank):
+    """A rank with a fake pid: reported by the launcher's own :class:`AgentRank`."""
+
+    pid: int = 0
     log_tail: str = ""
-    delivered: bool = False  # the controller has acknowledged this rank's exit
 
-    @property
-    def running(self) -> bool:
-        return self.ended_at is None
+    def _pid(self) -> int | None:
+        return self.pid
 
-    def report(self) -> RankReport:
-        failed = not self.running and (self.exit_code != 0 or self.signal is not None)
-        return RankReport(
-            rank=self.rank,
-            local_rank=self.local_rank,
-            pid=self.pid,
-            state="running" if self.running else "exited",
-            exit_code=self.exit_code,
-            signal=self.signal,
-            started_at=self.started_at,
-            ended_at=self.ended_at,
-            log_tail=self.log_tail if failed else "",
-        )
-
-
-@dataclass
-class _Beacons:
-    """One rank's beacon book entry, summarised into a :class:`RankBeacon` at each beat."""
-
-    rank: int
-    first_at: float
-    last_at: float
-    first_step: int
-    last_step: int
-    steps: int = 1
-    step_time_s: float | None = None
-    last_checkpoint_step: int | None = None
-    checkpoint_stall_s: float = 0.0
-
-    def summary(self, now: float) -> RankBeacon:
-        return RankBeacon(
-            rank=self.rank,
-            first_at=self.first_at,
-            last_at=self.last_at,
-            age_s=max(0.0, now - self.last_at),
-            first_step=self.first_step,
-            last_step=self.last_step,
-            steps=self.steps,
-            step_time_s=self.step_time_s,
-            last_checkpoint_step=self.last_checkpoint_step,
-            checkpoint_stall_s=self.checkpoint_stall_s,
-        )
+    def _log_tail(self) -> str:
+        return self.log_tail
 
 
 @dataclass
 class _Run:
     order: LaunchOrder
     ranks: dict[int, _Rank] = field(default_factory=dict)
-    beacons: dict[int, _Beacons] = field(default_factory=dict)
+    step_times: dict[int, float] = field(default_factory=dict)  # rank -> what progress() said
+
+
+class _AgentClock:
+    """The fake agent's clock as it is at each call (it follows a swapped controller's)."""
+
+    def __init__(self, agent: FakeAgent) -> None:
+        self._agent = agent
+
+    def now(self) -> float:
+        return self._agent.clock.now()
 
 
 class FakeAgent:
@@ -145,6 +111,7 @@ class FakeAgent:
         self.orders: Orders | None = None  # the reply to the last beat
         self.orders_hash: str | None = None
         self._runs: dict[int, _Run] = {}
+        self._beacons = BeaconBook(_AgentClock(self))  # the real agent's book
         self._seen: set[int] = set()  # every attempt ever launched here; never launch twice
         self._clock = clock
         self.health: dict[str, HealthResult] = {}  # check -> latest result, sent every beat
@@ -221,19 +188,27 @@ class FakeAgent:
                     run.ranks[rr.rank].delivered = True
             if all(r.delivered for r in run.ranks.values()):
                 del self._runs[rep.attempt_id]
+                self._beacons.forget(rep.attempt_id)
 
     def reports(self) -> list[AttemptReport]:
         """What the agent reports about its ranks, as ``Launcher.reports`` does."""
-        now = self._now()
         return [
             AttemptReport(
                 attempt_id=aid,
                 job_id=run.order.job_id,
                 ranks=[r.report() for _, r in sorted(run.ranks.items())],
-                beacons=[b.summary(now) for _, b in sorted(run.beacons.items())],
+                beacons=list(self._summaries(aid, run).values()),
             )
             for aid, run in sorted(self._runs.items())
         ]
+
+    def _summaries(self, attempt_id: int, run: _Run) -> dict[int, RankBeacon]:
+        """The beacon book's summaries, sent as the real agent sends them; the step times
+        are progress()'s (the book's would be a median over the last steps)."""
+        return {
+            r: rank_beacon(dataclasses.replace(b, step_time_s=run.step_times.get(r)))
+            for r, b in self._beacons.summary(attempt_id).ranks.items()
+        }
 
     # -- side channels ------------------------------------------------------------------
     def progress(
@@ -257,24 +232,21 @@ class FakeAgent:
         if rank not in run.ranks:
             raise KeyError(f"rank {rank} of attempt {attempt_id} does not run on {self.node}")
         at = self._now() if at is None else at
-        b = run.beacons.get(rank)
-        if b is None:
-            b = _Beacons(rank, first_at=at, last_at=at, first_step=step, last_step=step)
-            run.beacons[rank] = b
-        else:
-            if step_time_s is None and step > b.last_step and at >= b.last_at:
-                step_time_s = (at - b.last_at) / (step - b.last_step)
-            b.last_at = at
-            b.last_step = step
-            b.steps += 1
+        prev = self._beacons.summary(attempt_id).ranks.get(rank)
+        if step_time_s is None and prev is not None:  # the time per step since the last report
+            last_step, last_at = prev.last_step, prev.last_at
+            if last_step is not None and step > last_step and at >= last_at:
+                step_time_s = (at - last_at) / (step - last_step)
         if step_time_s is not None:
-            b.step_time_s = step_time_s
-        if checkpoint_step is not None and (
-            b.last_checkpoint_step is None or checkpoint_step > b.last_checkpoint_step
-        ):
-            b.last_checkpoint_step = checkpoint_step
-        b.checkpoint_stall_s += checkpoint_stall_s
-        return b.summary(self._now())
+            run.step_times[rank] = step_time_s
+        metrics: dict[str, Any] = {}
+        if checkpoint_step is not None:
+            metrics["checkpoint_step"] = checkpoint_step
+        if checkpoint_stall_s:
+            metrics["checkpoint_stall_s"] = checkpoint_stall_s
+        # The sender's time is the receive time: a fake rank's clock is the agent's.
+        self._beacons.record(attempt_id, rank, step, at, metrics or None, now=at)
+        return self._summaries(attempt_id, run)[rank]
 
     def set_health(
         self, check: str, status: HealthStatus = "ok", reason: str = "", **facts: Any
@@ -314,7 +286,7 @@ class FakeAgent:
             self._seen.add(launch.attempt_id)
             run = _Run(launch)
             for slot in launch.ranks:
-                run.ranks[slot.rank] = _Rank(slot.rank, slot.local_rank, next(_pids), now)
+                run.ranks[slot.rank] = _Rank(slot.rank, slot.local_rank, now, pid=next(_pids))
                 started.append(slot.rank)
             self._runs[launch.attempt_id] = run
         return started
