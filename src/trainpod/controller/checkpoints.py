@@ -18,15 +18,24 @@ from typing import Any
 
 from trainpod.api.models import CheckpointReport, CheckpointUpload, Heartbeat
 from trainpod.controller.states import JobState
+from trainpod.model.events import CheckpointCommitted, CheckpointFailed, CheckpointSaved, Event
 from trainpod.store.repo import Store
 
-_KINDS = ("checkpoint_saved", "checkpoint_committed", "checkpoint_failed")
 _LIVE = [s for s in JobState if not s.ended and s is not JobState.QUEUED]
 Key = tuple[str, str, str | None, int]  # (kind, tier, node or None, step)
 
 
 def _key(kind: str, tier: str, node: str | None, step: int) -> Key:
     return (kind, tier, node, step)
+
+
+def _key_of(event: Event) -> Key | None:
+    """The key of a checkpoint event of the log (None for any other event)."""
+    if isinstance(event, CheckpointSaved):
+        return _key(event.kind, event.tier, None, event.step)  # its node column is None
+    if isinstance(event, CheckpointCommitted | CheckpointFailed):
+        return _key(event.kind, event.tier, event.node, event.step)
+    return None
 
 
 class CheckpointEvents:
@@ -39,11 +48,7 @@ class CheckpointEvents:
         """The job's checkpoint events already written (read once per job and process)."""
         seen = self._seen.get(job_id)
         if seen is None:
-            seen = {
-                _key(e.kind, str(e.data.get("tier")), e.node, e.data["step"])
-                for e in store.events(job_id=job_id)
-                if e.kind in _KINDS and isinstance(e.data.get("step"), int)
-            }
+            seen = {key for r in store.typed_events(job_id=job_id) if (key := _key_of(r.event))}
             self._seen[job_id] = seen
         return seen
 
@@ -74,24 +79,49 @@ class CheckpointEvents:
         if key in seen:
             return
         seen.add(key)
-        data: dict[str, Any] = {"step": rep.step, "tier": rep.tier, "scope": rep.scope}
+        at = rep.at or None
+        event: Event
         if rep.saved:
-            data.update(stall_s=rep.stall_s, bytes=rep.bytes, by=node)
+            event = CheckpointSaved(
+                job_id=job.id,
+                attempt=number,
+                at=at,
+                step=rep.step,
+                tier=rep.tier,
+                scope=rep.scope,
+                stall_s=rep.stall_s,
+                bytes=rep.bytes,
+                by=node,
+            )
         elif rep.ok:
-            data.update(bytes=rep.bytes, seconds=rep.seconds, since_save_s=rep.since_save_s)
-            if rep.scope == "job":
-                data.update(by=node, wrote_manifest=rep.wrote_manifest)
+            whole = rep.scope == "job"
+            event = CheckpointCommitted(
+                job_id=job.id,
+                attempt=number,
+                node=where,
+                at=at,
+                step=rep.step,
+                tier=rep.tier,
+                scope=rep.scope,
+                bytes=rep.bytes,
+                seconds=rep.seconds,
+                since_save_s=rep.since_save_s,
+                by=node if whole else None,
+                wrote_manifest=rep.wrote_manifest if whole else None,
+            )
         else:
-            data.update(reason=rep.reason, bytes=rep.bytes)
-        store.add_event(
-            now,
-            kind,
-            node=where,
-            job_id=job.id,
-            attempt=number,
-            at=rep.at or None,
-            **data,
-        )
+            event = CheckpointFailed(
+                job_id=job.id,
+                attempt=number,
+                node=node,
+                at=at,
+                step=rep.step,
+                tier=rep.tier,
+                scope=rep.scope,
+                reason=rep.reason,
+                bytes=rep.bytes,
+            )
+        store.append(now, event)
 
     def progress(self, job_id: int) -> dict[str, Any]:
         """The job's uploads by node, for its live progress (empty when none)."""

@@ -60,6 +60,15 @@ from trainpod.controller.views import Views
 from trainpod.controller.wake import Wake
 from trainpod.controller.watch import Watchdog
 from trainpod.errors import Conflict
+from trainpod.model.events import (
+    CancelRequested,
+    ChaosInjected,
+    ControllerStarted,
+    ControllerStepFailed,
+    ControllerStepRecovered,
+    JobSubmitted,
+    NodeDeclared,
+)
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import JobRow, NodeRow
@@ -141,11 +150,11 @@ class Controller:
                     self.store.insert_node(
                         decl.name, decl.group, decl.role, decl.spare, decl.devices, now
                     )
-                    self.store.add_event(now, "node_declared", node=decl.name, group=decl.group)
+                    self.store.append(now, NodeDeclared(node=decl.name, group=decl.group))
             restarted = self.store.get_meta("started_at") is not None
             self.store.set_meta("started_at", repr(now))
             self.store.touch_heartbeats(now)
-            self.store.add_event(now, "controller_started", restarted=restarted)
+            self.store.append(now, ControllerStarted(restarted=restarted))
             self.wake.bump()
 
     # -- jobs -----------------------------------------------------------------------------
@@ -157,16 +166,17 @@ class Controller:
             job_id = self.store.insert_job(
                 resolved.display_name(), resolved.model_dump(mode="json"), now
             )
-            self.store.add_event(
+            self.store.append(
                 now,
-                "job_submitted",
-                job_id=job_id,
-                nodes=resolved.nodes,
-                procs_per_node=resolved.procs_per_node,
-                partition=resolved.partition,
-                user=resolved.user,
-                command=resolved.command,
-                auto_resume=resolved.auto_resume,
+                JobSubmitted(
+                    job_id=job_id,
+                    nodes=resolved.nodes,
+                    procs_per_node=resolved.procs_per_node,
+                    partition=resolved.partition,
+                    user=resolved.user,
+                    command=tuple(resolved.command),
+                    auto_resume=resolved.auto_resume,
+                ),
             )
             self.scheduling.submitted(job_id, resolved, now)
             self.wake.bump()
@@ -185,7 +195,7 @@ class Controller:
             if job.state.ended:
                 raise Conflict(f"job {job_id} has already ended ({job.state.value})")
             self.store.update_job(job_id, now, cancel_requested=True)
-            self.store.add_event(now, "cancel_requested", job_id=job_id)
+            self.store.append(now, CancelRequested(job_id=job_id))
             self.scheduling.cancelled(job, now)
             if job.state is JobState.QUEUED:
                 self.tx.set_job(job, JobState.CANCELLED, now, reason="cancelled while queued")
@@ -217,14 +227,15 @@ class Controller:
                     raise Conflict(f"rank {rank} is not running on {node.name}: {running}")
             order = ChaosOrder(id=uuid.uuid4().hex[:12], fault=req.fault, rank=rank)
             self.chaos_book.add(node.name, order)
-            self.store.add_event(
+            self.store.append(
                 now,
-                "chaos_injected",
-                node=node.name,
-                job_id=node.job_id,
-                fault=req.fault,
-                rank=rank,
-                id=order.id,
+                ChaosInjected(
+                    node=node.name,
+                    job_id=node.job_id,
+                    fault=req.fault,
+                    rank=rank,
+                    order_id=order.id,
+                ),
             )
             self.wake.bump()
             return order
@@ -326,9 +337,9 @@ class Controller:
             with self._lock, self.store.transaction():
                 now = self.clock.now()
                 if error:
-                    self.store.add_event(now, "controller_step_failed", error=error)
+                    self.store.append(now, ControllerStepFailed(error=error))
                 else:
-                    self.store.add_event(now, "controller_step_recovered", failures=in_a_row)
+                    self.store.append(now, ControllerStepRecovered(failures=in_a_row))
         except Exception:  # the store itself may be what fails; the log has the error
             log.exception("could not record the reconcile step's failure")
 

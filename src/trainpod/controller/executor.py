@@ -32,6 +32,14 @@ from trainpod.controller.policy import (
 )
 from trainpod.controller.states import AttemptState, JobState, NodeState
 from trainpod.controller.transitions import HEALTHY_NODE_STATES, HELD_NODE_STATES, Transitions
+from trainpod.model.events import (
+    AttemptProgress,
+    FaultClassified,
+    FaultDetected,
+    JobFirstStart,
+    JobPreempted,
+    RecoveryDecision,
+)
 from trainpod.scheduler.base import Hold, Place, Preempt, SchedulerDecision
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow, JobRow, NodeRow
@@ -81,8 +89,8 @@ class Executor:
         attempt = self.tx.active_attempt(d.job_id)
         if attempt is None or attempt.state is AttemptState.STOPPING:
             return False
-        self.store.add_event(
-            now, "job_preempted", job_id=d.job_id, attempt=attempt.number, reason=d.reason
+        self.store.append(
+            now, JobPreempted(job_id=d.job_id, attempt=attempt.number, reason=d.reason)
         )
         failure = {"reason": d.reason, "grace_s": d.grace_s, "nodes": list(attempt.nodes)}
         self.stop_attempt(attempt, CAUSE_PREEMPTED, failure, now)
@@ -134,7 +142,7 @@ class Executor:
         if state is AttemptState.RUNNING:
             self.tx.set_job(job, JobState.RUNNING, now, started_at=job.started_at or now)
             if job.started_at is None:
-                self.store.add_event(now, "job_first_start", job_id=job.id)
+                self.store.append(now, JobFirstStart(job_id=job.id))
             return
         if state is AttemptState.STOPPING:
             self._note_fault(attempt, now)
@@ -183,24 +191,38 @@ class Executor:
                 fault_at = node.last_heartbeat if node and node.last_heartbeat else now
         failure.update(noted=True, fault_at=fault_at or now)
         self.store.update_attempt(attempt.id, failure=failure)
-        self.store.add_event(
+        self.store.append(
             now,
-            "fault_detected",
-            job_id=attempt.job_id,
-            attempt=attempt.number,
-            node=failure.get("node"),
-            fault=attempt.cause,
-            fault_at=failure["fault_at"],
-            reason=failure.get("reason") or judging.describe_failure(failure),
-            rank=failure.get("rank"),
-            nodes=failure.get("nodes", [failure.get("node")]),
+            FaultDetected(
+                job_id=attempt.job_id,
+                attempt=attempt.number,
+                node=failure.get("node"),
+                cause=attempt.cause,
+                fault_at=failure["fault_at"],
+                reason=failure.get("reason") or judging.describe_failure(failure),
+                rank=failure.get("rank"),
+                nodes=tuple(failure.get("nodes", [failure.get("node")])),
+            ),
         )
 
     def _log_progress(self, attempt: AttemptRow, now: float) -> None:
         summary = progress.summarise(self.beacons.forget(attempt.id))
         if summary:
-            self.store.add_event(
-                now, "attempt_progress", job_id=attempt.job_id, attempt=attempt.number, **summary
+            self.store.append(
+                now,
+                AttemptProgress(
+                    job_id=attempt.job_id,
+                    attempt=attempt.number,
+                    first_step=summary["first_step"],
+                    last_step=summary["last_step"],
+                    first_beacon_at=summary["first_beacon_at"],
+                    last_beacon_at=summary["last_beacon_at"],
+                    step_time_s=summary["step_time_s"],
+                    steps=summary["steps"],
+                    last_checkpoint_step=summary["last_checkpoint_step"],
+                    checkpoint_stall_s=summary["checkpoint_stall_s"],
+                    ranks=summary["ranks"],
+                ),
             )
 
     # -- deciding -------------------------------------------------------------------------
@@ -298,16 +320,17 @@ class Executor:
             if fault.kind.value != attempt.cause:
                 # What looked like one thing when detected turned out another once torn down
                 # (a peer's crash caused by a node that died): say so, the log stays true.
-                self.store.add_event(
+                self.store.append(
                     now,
-                    "fault_classified",
-                    job_id=job.id,
-                    attempt=attempt.number,
-                    node=fault.nodes[0] if fault.nodes else None,
-                    fault=fault.kind.value,
-                    was=attempt.cause,
-                    nodes=list(fault.nodes),
-                    reason=fault.reason,
+                    FaultClassified(
+                        job_id=job.id,
+                        attempt=attempt.number,
+                        node=fault.nodes[0] if fault.nodes else None,
+                        cause=fault.kind.value,
+                        previous_cause=attempt.cause,
+                        nodes=tuple(fault.nodes),
+                        reason=fault.reason,
+                    ),
                 )
         decision = decide(view, fault, self.node_views(job.id))
         if job.cancel_requested and not isinstance(decision, Fail):
@@ -371,17 +394,25 @@ class Executor:
         reason: str,
         nodes: Iterable[str],
         now: float,
-        **extra: Any,
+        *,
+        replaced: dict[str, str] | None = None,
+        counts: bool | None = None,
+        shrunk: bool | None = None,
     ) -> None:
-        self.store.add_event(
+        """Record a ``recovery_decision``; ``replaced``, ``counts`` and ``shrunk`` come with a
+        restart only (left out of the event otherwise)."""
+        self.store.append(
             now,
-            "recovery_decision",
-            job_id=job.id,
-            attempt=attempt.number,
-            action=action,
-            reason=reason,
-            nodes=list(nodes),
-            **extra,
+            RecoveryDecision(
+                job_id=job.id,
+                attempt=attempt.number,
+                action=action,
+                reason=reason,
+                nodes=tuple(nodes),
+                replaced=replaced,
+                counts=counts,
+                shrunk=shrunk,
+            ),
         )
 
     def retry_waiting(self, now: float) -> None:

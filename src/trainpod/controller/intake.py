@@ -8,8 +8,6 @@ reports (started, exited, lost with a restarted agent), health and chaos acknowl
 
 from __future__ import annotations
 
-from typing import Any
-
 from trainpod.api.models import AttemptReport, Heartbeat
 from trainpod.controller.books import BeaconBook, ChaosBook
 from trainpod.controller.checkpoints import CheckpointEvents
@@ -22,6 +20,13 @@ from trainpod.controller.repair import NodeRepair
 from trainpod.controller.states import NodeState, RankState
 from trainpod.controller.transitions import Transitions
 from trainpod.errors import NotFound
+from trainpod.model.events import (
+    AgentReconnected,
+    AgentRegistered,
+    FirstBeacon,
+    RankExited,
+    RankStarted,
+)
 from trainpod.store.repo import Store
 from trainpod.store.rows import NodeRow
 
@@ -83,17 +88,18 @@ class HeartbeatIngest:
             )
         new_agent = node.agent_id != hb.agent_id
         if new_agent:
-            self.store.add_event(
+            self.store.append(
                 now,
-                "agent_registered",
-                node=node.name,
-                agent_pid=hb.agent_pid,
-                address=hb.address,
-                restarted=node.agent_id is not None,
+                AgentRegistered(
+                    node=node.name,
+                    agent_pid=hb.agent_pid,
+                    address=hb.address,
+                    restarted=node.agent_id is not None,
+                ),
             )
             self.chaos.drop(node.name)
         elif self.agents_seen.get(node.name) != hb.agent_id:
-            self.store.add_event(now, "agent_reconnected", node=node.name)
+            self.store.append(now, AgentReconnected(node=node.name))
         self.agents_seen[node.name] = hb.agent_id
         facts = {
             **hb.facts,
@@ -134,17 +140,18 @@ class HeartbeatIngest:
             if attempt.id in self.beacons.first_logged:
                 continue
             self.beacons.first_logged.add(attempt.id)
-            if not self.store.has_event(attempt.job_id, "first_beacon", attempt.number):
+            if not self.store.has_event(attempt.job_id, FirstBeacon.kind, attempt.number):
                 first = min(beacons, key=lambda b: b.first_at)
-                self.store.add_event(
+                self.store.append(
                     now,
-                    "first_beacon",
-                    node=hb.node,
-                    job_id=attempt.job_id,
-                    attempt=attempt.number,
-                    at=first.first_at,
-                    step=first.first_step,
-                    rank=first.rank,
+                    FirstBeacon(
+                        node=hb.node,
+                        job_id=attempt.job_id,
+                        attempt=attempt.number,
+                        rank=first.rank,
+                        at=first.first_at,
+                        step=first.first_step,
+                    ),
                 )
 
     def _rank_reports(self, node: str, reports: list[AttemptReport], now: float) -> set[int]:
@@ -166,15 +173,16 @@ class HeartbeatIngest:
                         pid=rr.pid,
                         started_at=rr.started_at or now,
                     )
-                    self.store.add_event(
+                    self.store.append(
                         now,
-                        "rank_started",
-                        node=node,
-                        job_id=attempt.job_id,
-                        attempt=attempt.number,
-                        rank=rr.rank,
-                        pid=rr.pid,
-                        started_at=rr.started_at,
+                        RankStarted(
+                            node=node,
+                            job_id=attempt.job_id,
+                            attempt=attempt.number,
+                            rank=rr.rank,
+                            pid=rr.pid,
+                            started_at=rr.started_at,
+                        ),
                     )
                     touched.add(attempt.id)
                 if rr.state == "exited":
@@ -186,18 +194,19 @@ class HeartbeatIngest:
                         signal=rr.signal,
                         ended_at=rr.ended_at or now,
                     )
-                    data: dict[str, Any] = {"exit_code": rr.exit_code, "signal": rr.signal}
-                    if rr.exit_code != 0:
-                        data["log_tail"] = rr.log_tail
-                    self.store.add_event(
+                    self.store.append(
                         now,
-                        "rank_exited",
-                        node=node,
-                        job_id=attempt.job_id,
-                        attempt=attempt.number,
-                        rank=rr.rank,
-                        exited_at=rr.ended_at,
-                        **data,
+                        RankExited(
+                            node=node,
+                            job_id=attempt.job_id,
+                            attempt=attempt.number,
+                            rank=rr.rank,
+                            exited_at=rr.ended_at,
+                            exit_code=rr.exit_code,
+                            signal=rr.signal,
+                            # the log's end only for a rank that failed
+                            log_tail=rr.log_tail if rr.exit_code != 0 else None,
+                        ),
                     )
                     touched.add(attempt.id)
         return touched

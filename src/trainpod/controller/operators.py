@@ -10,6 +10,7 @@ from trainpod.controller.repair import NodeRepair
 from trainpod.controller.states import NodeState
 from trainpod.controller.transitions import HEALTHY_NODE_STATES, Transitions
 from trainpod.errors import Conflict
+from trainpod.model.events import NODE_ACTIONS
 from trainpod.store.repo import Store
 from trainpod.store.rows import NodeRow
 
@@ -31,7 +32,7 @@ class Operators:
 
     def act(self, node: NodeRow, action: NodeAction, now: float) -> None:
         why = f"operator: {action.reason}"
-        self.store.add_event(now, f"node_{action.action}", node=node.name, reason=action.reason)
+        self.store.append(now, NODE_ACTIONS[action.action](node=node.name, reason=action.reason))
         if action.action == "drain":
             self.store.update_node(node.name, now, drained=True, reason=f"drained ({why})")
             self.scheduling.drain(node.name, why, now)

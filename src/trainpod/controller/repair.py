@@ -19,6 +19,7 @@ from trainpod.controller.external import Scheduling
 from trainpod.controller.nodes import lifecycle_failure
 from trainpod.controller.states import NodeState
 from trainpod.controller.transitions import Transitions
+from trainpod.model.events import DeepCheckFinished, DeepCheckStarted, NodeRepaired
 from trainpod.store.repo import Store
 from trainpod.store.rows import NodeRow
 
@@ -88,24 +89,20 @@ class NodeRepair:
         if not rep.get("deep_check_id"):
             rep["deep_check_id"] = uuid.uuid4().hex[:12]
             self.store.update_node(node.name, now, repair=rep)
-            self.store.add_event(now, "deep_check_started", node=node.name, id=rep["deep_check_id"])
+            self.store.append(now, DeepCheckStarted(node=node.name, check_id=rep["deep_check_id"]))
             self.tx.wake.bump()
             return
         result = hb.deep_check
         if result is None or result.id != rep["deep_check_id"] or result.status == "running":
             return
-        self.store.add_event(
-            now,
-            "deep_check_finished",
-            node=node.name,
-            status=result.status,
-            reason=result.reason,
+        self.store.append(
+            now, DeepCheckFinished(node=node.name, status=result.status, reason=result.reason)
         )
         if result.status == "fault":
             self.failed(node, f"deep check failed: {result.reason}", now)
             return
         self.tx.set_node(node, NodeState.IDLE, now, reason="", repair={}, repairs=0, job_id=None)
-        self.store.add_event(now, "node_repaired", node=node.name, mode=rep.get("mode"))
+        self.store.append(now, NodeRepaired(node=node.name, mode=rep.get("mode")))
         self.scheduling.resume(node.name, now)
         self.tx.wake.bump()
 

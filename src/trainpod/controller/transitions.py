@@ -22,6 +22,14 @@ from trainpod.controller.states import (
 )
 from trainpod.controller.wake import Wake
 from trainpod.errors import NotFound
+from trainpod.model.events import (
+    AttemptCreated,
+    AttemptStateChanged,
+    JobStateChanged,
+    NodeReleased,
+    NodeStateChanged,
+    RankLost,
+)
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow, JobRow, NodeRow
@@ -84,13 +92,11 @@ class Transitions:
         check("node", NODE_TRANSITIONS, node.state, state)
         self.store.update_node(node.name, now, state=state, **fields)
         if state != node.state:
-            self.store.add_event(
+            self.store.append(
                 now,
-                "node_state",
-                node=node.name,
-                old=node.state.value,
-                new=state.value,
-                reason=fields.get("reason", ""),
+                NodeStateChanged(
+                    node=node.name, old=node.state, new=state, reason=fields.get("reason", "")
+                ),
             )
 
     def set_job(self, job: JobRow, state: JobState, now: float, **fields: Any) -> None:
@@ -99,13 +105,11 @@ class Transitions:
             fields.setdefault("ended_at", now)
         self.store.update_job(job.id, now, state=state, **fields)
         if state != job.state:
-            self.store.add_event(
+            self.store.append(
                 now,
-                "job_state",
-                job_id=job.id,
-                old=job.state.value,
-                new=state.value,
-                reason=fields.get("reason", ""),
+                JobStateChanged(
+                    job_id=job.id, old=job.state, new=state, reason=fields.get("reason", "")
+                ),
             )
 
     def set_attempt(
@@ -115,14 +119,15 @@ class Transitions:
         if state.ended:
             fields.setdefault("ended_at", now)
         self.store.update_attempt(attempt.id, state=state, **fields)
-        self.store.add_event(
+        self.store.append(
             now,
-            "attempt_state",
-            job_id=attempt.job_id,
-            attempt=attempt.number,
-            old=attempt.state.value,
-            new=state.value,
-            cause=fields.get("cause", attempt.cause),
+            AttemptStateChanged(
+                job_id=attempt.job_id,
+                attempt=attempt.number,
+                old=attempt.state,
+                new=state,
+                cause=fields.get("cause", attempt.cause),
+            ),
         )
 
     # -- attempts and nodes -------------------------------------------------------------------
@@ -140,16 +145,17 @@ class Transitions:
         for name in nodes:
             self.set_node(self.node(name), NodeState.ALLOCATED, now, job_id=job.id, reason="")
         self.set_job(self.job(job.id), JobState.STARTING, now)
-        self.store.add_event(
+        self.store.append(
             now,
-            "attempt_created",
-            job_id=job.id,
-            attempt=number,
-            attempt_id=attempt_id,
-            nodes=nodes,
-            master_addr=addr,
-            master_port=port,
-            restart_reason=restart_reason,
+            AttemptCreated(
+                job_id=job.id,
+                attempt=number,
+                attempt_id=attempt_id,
+                nodes=tuple(nodes),
+                master_addr=addr,
+                master_port=port,
+                reason=restart_reason,
+            ),
         )
         attempt = self.store.attempt(attempt_id)
         assert attempt is not None
@@ -157,14 +163,11 @@ class Transitions:
 
     def lose_rank(self, attempt: AttemptRow, rank: int, node: str, now: float, why: str) -> None:
         self.store.update_rank(attempt.id, rank, state=RankState.LOST, ended_at=now)
-        self.store.add_event(
+        self.store.append(
             now,
-            "rank_lost",
-            node=node,
-            job_id=attempt.job_id,
-            attempt=attempt.number,
-            rank=rank,
-            reason=why,
+            RankLost(
+                node=node, job_id=attempt.job_id, attempt=attempt.number, rank=rank, reason=why
+            ),
         )
 
     def release_nodes(self, job_id: int, names: list[str], now: float) -> None:
@@ -177,7 +180,7 @@ class Transitions:
                 self.set_node(node, NodeState.IDLE, now, job_id=None, reason="")
             else:
                 self.store.update_node(name, now, job_id=None)
-            self.store.add_event(now, "node_released", node=name, job_id=job_id)
+            self.store.append(now, NodeReleased(node=name, job_id=job_id))
 
     def release_all(self, job_id: int, now: float) -> None:
         self.release_nodes(job_id, self.held_nodes(job_id), now)

@@ -11,6 +11,7 @@ from trainpod.controller.policy import FaultKind
 from trainpod.controller.progress import Book
 from trainpod.controller.states import AttemptState, NodeState
 from trainpod.controller.transitions import Transitions
+from trainpod.model.events import StragglerDetected
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow
@@ -147,14 +148,15 @@ class Watchdog:
         ranks = {r.rank: r for r in self.store.ranks(attempt.id)}
         node = self.tx.node(ranks[rank].node)
         b = beacons.get(rank)
-        self.store.add_event(
+        self.store.append(
             now,
-            "straggler_detected",
-            node=node.name,
-            job_id=attempt.job_id,
-            attempt=attempt.number,
-            rank=rank,
-            step_time_s=b[0].step_time_s if b else None,
+            StragglerDetected(
+                node=node.name,
+                job_id=attempt.job_id,
+                attempt=attempt.number,
+                rank=rank,
+                step_time_s=b[0].step_time_s if b else None,
+            ),
         )
         groups = self.cfg.partitions.get(spec.partition or self.cfg.default_partition, [])
         spare = any(v.free and v.healthy and v.group in groups for v in self.executor.node_views())

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from trainpod.api.models import Heartbeat, LaunchPlan
 from trainpod.controller.config import ControllerConfig
@@ -25,6 +24,18 @@ from trainpod.controller.ops import ClusterOps, Observed
 from trainpod.controller.states import AttemptState, JobState, NodeState, RankState
 from trainpod.controller.transitions import HELD_NODE_STATES, Transitions
 from trainpod.errors import SpecError, TrainpodError
+from trainpod.model.events import (
+    ExternalError,
+    ExternalNodeDown,
+    ExternalReaped,
+    ExternalReleased,
+    ExternalScript,
+    ExternalSubmitted,
+    JobRequeued,
+    NodeAllocated,
+    NodeDeclared,
+    RecoveryDecision,
+)
 from trainpod.scheduler.base import NodeSlot
 from trainpod.scheduler.fifo import AllocationScheduler
 from trainpod.spec.job import JobSpec
@@ -33,7 +44,6 @@ from trainpod.store.rows import AttemptRow, JobRow, NodeRow
 
 log = logging.getLogger(__name__)
 
-REQUEUED = "job_requeued"
 ORPHAN_GRACE_S = 10.0
 """How long a Slurm job may outlive its trainpod job (its agents leaving) before a scancel."""
 
@@ -53,7 +63,13 @@ class SlurmScheduling(Scheduling):
         self._released: set[tuple[int, str]] = set()  # Slurm holds already released
 
     def _call(
-        self, what: str, now: float, fn: Callable[..., object], *args: object, **extra: Any
+        self,
+        what: str,
+        now: float,
+        fn: Callable[..., object],
+        *args: object,
+        job_id: int | None = None,
+        node: str | None = None,
     ) -> bool:
         """Run a best-effort scheduler operation; a failure becomes an event, not a crash."""
         try:
@@ -61,11 +77,13 @@ class SlurmScheduling(Scheduling):
             return True
         except TrainpodError as exc:
             log.warning("%s failed: %s", what, exc)
-            self.store.add_event(now, "external_error", action=what, error=str(exc), **extra)
+            self.store.append(
+                now, ExternalError(action=what, error=str(exc), job_id=job_id, node=node)
+            )
             return False
 
     def _requeues(self, job_id: int) -> int:
-        return self.store.count_events(job_id, REQUEUED)
+        return self.store.count_events(job_id, JobRequeued.kind)
 
     # -- submission -------------------------------------------------------------------------
     def check_spec(self, spec: JobSpec, part: str, members: int, spares: int) -> None:
@@ -84,11 +102,11 @@ class SlurmScheduling(Scheduling):
             script = self.cfg.jobs_dir / str(job_id) / "alloc.sh"
             script.parent.mkdir(parents=True, exist_ok=True)
             script.write_text(self.ops.render(job_id, spec) or "")
-            self.store.add_event(now, "external_script", job_id=job_id, path=str(script))
+            self.store.append(now, ExternalScript(job_id=job_id, path=str(script)))
             return
         ext = self.ops.submit(job_id, spec)
         self.store.update_job(job_id, now, external=ext)
-        self.store.add_event(now, "external_submitted", job_id=job_id, external_id=ext)
+        self.store.append(now, ExternalSubmitted(job_id=job_id, external_id=ext))
 
     def dry_run(self, spec: JobSpec, part: str) -> LaunchPlan:
         note = (
@@ -113,7 +131,7 @@ class SlurmScheduling(Scheduling):
             return None
         group = hb.group or next(iter(self.cfg.partitions.values()))[0]
         self.store.insert_node(hb.node, group, "compute", False, hb.devices or 0, now)
-        self.store.add_event(now, "node_declared", node=hb.node, group=group)
+        self.store.append(now, NodeDeclared(node=hb.node, group=group))
         self.tx.learn_node(hb.node)
         return self.tx.node(hb.node)
 
@@ -135,7 +153,7 @@ class SlurmScheduling(Scheduling):
         if alloc != node.allocation:
             self.store.update_node(node.name, now, allocation=alloc)
             if alloc is not None:
-                self.store.add_event(now, "node_allocated", node=node.name, job_id=alloc)
+                self.store.append(now, NodeAllocated(node=node.name, job_id=alloc))
             node = self.tx.node(node.name)
         return node
 
@@ -188,15 +206,16 @@ class SlurmScheduling(Scheduling):
         if not job.external:
             return None
         reason = f"no spare left in the allocation; requeued in Slurm without {', '.join(bad)}"
-        self.store.add_event(
+        self.store.append(
             now,
-            "recovery_decision",
-            job_id=job.id,
-            attempt=attempt.number,
-            action="requeue",
-            reason=reason,
-            nodes=[],
-            exclude=bad,
+            RecoveryDecision(
+                job_id=job.id,
+                attempt=attempt.number,
+                action="requeue",
+                reason=reason,
+                nodes=(),
+                exclude=tuple(bad),
+            ),
         )
         self.tx.release_all(job.id, now)
         for node in self.store.nodes():
@@ -207,8 +226,9 @@ class SlurmScheduling(Scheduling):
         if job.state is not JobState.RECOVERING:
             self.tx.set_job(job, JobState.RECOVERING, now, reason=reason)
         self.tx.set_job(self.tx.job(job.id), JobState.QUEUED, now, reason=reason)
-        self.store.add_event(
-            now, REQUEUED, job_id=job.id, external_id=job.external, exclude=bad, reason=reason
+        self.store.append(
+            now,
+            JobRequeued(job_id=job.id, external_id=job.external, exclude=tuple(bad), reason=reason),
         )
         ext = job.external
         ok = self._call("requeue", now, self.ops.requeue, ext, bad, job_id=job.id)
@@ -253,7 +273,7 @@ class SlurmScheduling(Scheduling):
             if node.state in HELD_NODE_STATES or node.state is NodeState.STOPPED:
                 continue
             why = seen.reason or seen.state
-            self.store.add_event(now, "external_node_down", node=node.name, reason=why)
+            self.store.append(now, ExternalNodeDown(node=node.name, reason=why))
             down.append((node, f"Slurm marks the node down: {why}"))
         return down
 
@@ -274,8 +294,11 @@ class SlurmScheduling(Scheduling):
             self._reaped.add(job.id)
             external = job.external
             if self._call("cancel", now, self.ops.cancel, external, job_id=job.id):
-                self.store.add_event(
-                    now, "external_reaped", job_id=job.id, external_id=job.external, was=ext.state
+                self.store.append(
+                    now,
+                    ExternalReaped(
+                        job_id=job.id, external_id=job.external, external_state=ext.state
+                    ),
                 )
         return visible
 
@@ -293,8 +316,8 @@ class SlurmScheduling(Scheduling):
         if held and not job.cancel_requested and (job.id, reason) not in self._released:
             self._released.add((job.id, reason))
             if self._call("release", now, self.ops.release, external, job_id=job.id):
-                self.store.add_event(
-                    now, "external_released", job_id=job.id, external_id=external, reason=reason
+                self.store.append(
+                    now, ExternalReleased(job_id=job.id, external_id=external, reason=reason)
                 )
 
     def _requeued_by_slurm(self, job: JobRow, restarts: int, now: float) -> None:
@@ -308,8 +331,9 @@ class SlurmScheduling(Scheduling):
                     self.tx.set_node(node, NodeState.STOPPED, now, reason="allocation requeued")
                 self.store.update_node(node.name, now, allocation=None, job_id=None)
         for _ in range(restarts - self._requeues(job.id)):
-            self.store.add_event(
-                now, REQUEUED, job_id=job.id, external_id=job.external, by="slurm", reason=reason
+            self.store.append(
+                now,
+                JobRequeued(job_id=job.id, external_id=job.external, by="slurm", reason=reason),
             )
         job = self.tx.job(job.id)
         if job.state is JobState.QUEUED:

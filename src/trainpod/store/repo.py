@@ -115,7 +115,8 @@ class Store:
         attempt: int | None = None,
         **data: Any,
     ) -> int:
-        """Append an event given as its kind and payload; prefer :meth:`append`."""
+        """Append an event given as its kind and payload, as rows were written before typed
+        events: for tests and benchmarks that write raw rows. Producers use :meth:`append`."""
         return self._insert_event(ts, kind, node, job_id, attempt, data)
 
     def append(self, ts: float, event: Event) -> int:
