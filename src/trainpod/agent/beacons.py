@@ -1,22 +1,21 @@
-"""Agent side of progress beacons: receive them, keep per-rank books, judge hangs and stragglers.
+"""Agent side of progress beacons: receive them and keep per-rank books.
 
 :class:`BeaconServer` binds the node's Unix socket (``SOCK_SEQPACKET``) and feeds a
 :class:`BeaconBook` from a daemon thread. The wire format is described in
-:mod:`trainpod.beacon`. The policy functions (:func:`find_stragglers`,
-:class:`StragglerTracker`, :func:`hang_verdict`) are pure: they take a summary and times and
-return a verdict, so tests drive them with fake times.
+:mod:`trainpod.beacon`. Judging hangs and stragglers is the controller's
+(:mod:`trainpod.controller.progress`, :mod:`trainpod.controller.stragglers`): it sees every
+node's ranks.
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 import socket
 import statistics
 import threading
 from collections import deque
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,9 +32,6 @@ __all__ = [
     "BeaconBook",
     "BeaconServer",
     "RankBeacons",
-    "StragglerTracker",
-    "find_stragglers",
-    "hang_verdict",
     "rank_beacon",
 ]
 
@@ -358,115 +354,3 @@ class BeaconServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# -- stragglers ---------------------------------------------------------------------------
-def find_stragglers(
-    step_times: Mapping[int, float], *, factor: float = 1.5, min_peers: int = 2
-) -> list[int]:
-    """Ranks whose step time exceeds ``factor`` x the median step time of the *other* ranks.
-
-    A rank is judged only against at least ``min_peers`` other ranks (so with two ranks and
-    the default, nobody is a straggler: it is not clear which one is slow). Comparing to the
-    others' median keeps one slow rank from raising its own bar. Pure; O(n log n); returns
-    ranks ascending.
-    """
-    n = len(step_times)
-    if n - 1 < max(min_peers, 1):
-        return []
-    values = sorted(step_times.values())
-    m = n - 1  # size of "the others"
-    lo, hi = (m - 1) // 2, m // 2
-    out = []
-    for rank, v in step_times.items():
-        i = bisect.bisect_left(values, v)  # remove one copy of v: others[j] = values[j + (j >= i)]
-        others_median = (values[lo + (lo >= i)] + values[hi + (hi >= i)]) / 2
-        if others_median > 0 and v > factor * others_median:
-            out.append(rank)
-    return sorted(out)
-
-
-class StragglerTracker:
-    """Flags a rank once it has been a straggler in ``persistent`` consecutive evaluations.
-
-    A rank is un-flagged (and its streak reset) by the first evaluation in which it is not a
-    straggler, or in which it has no step time. Not thread-safe; one per attempt.
-    """
-
-    def __init__(self, *, factor: float = 1.5, min_peers: int = 2, persistent: int = 3) -> None:
-        if persistent < 1:
-            raise ValueError(f"persistent must be >= 1, got {persistent}")
-        self.factor = factor
-        self.min_peers = min_peers
-        self.persistent = persistent
-        self._streaks: dict[int, int] = {}
-
-    def update(self, step_times: Mapping[int, float]) -> list[int]:
-        """Evaluate once; returns the flagged ranks, ascending."""
-        now = set(find_stragglers(step_times, factor=self.factor, min_peers=self.min_peers))
-        self._streaks = {r: self._streaks.get(r, 0) + 1 for r in now}
-        return self.flagged
-
-    @property
-    def flagged(self) -> list[int]:
-        """Ranks flagged after the last :meth:`update`, ascending."""
-        return sorted(r for r, n in self._streaks.items() if n >= self.persistent)
-
-
-# -- hangs --------------------------------------------------------------------------------
-def hang_verdict(
-    summary: AttemptBeacons,
-    *,
-    hang_timeout_s: float | None,
-    startup_timeout_s: float | None,
-    attempt_started_at: float,
-    now: float,
-    expected_ranks: Collection[int] | None = None,
-    ignore_ranks: Collection[int] = (),
-) -> str | None:
-    """A reason string when the attempt looks hung, else None. Pure.
-
-    * Before any beacon: hung only when ``startup_timeout_s`` is set and ``now -
-      attempt_started_at`` exceeds it. A job that never uses beacons is never flagged
-      otherwise.
-    * After the first beacon of any rank: hung when the *oldest* last beacon among the ranks
-      is older than ``hang_timeout_s`` (None: never). The oldest, not the newest: a stalled
-      collective stalls every rank, which either rule catches, but a single SIGSTOPped or
-      deadlocked rank whose peers still beacon (a side thread, no collective yet, loosely
-      coupled ranks) is a hang of the job too, and only the oldest catches it.
-    * ``expected_ranks``: the ranks that must beacon. Those that never did count as silent
-      since the first beacon of any rank. Leave it None for jobs that may report from rank 0
-      only (a common pattern), or they would be killed as hung.
-    * ``ignore_ranks``: ranks that exited and stopped beaconing on purpose.
-    """
-    if not summary.ranks:
-        waited = now - attempt_started_at
-        if startup_timeout_s is not None and waited > startup_timeout_s:
-            return (
-                f"no progress beacon from any rank {waited:.0f} s after the attempt started"
-                f" (startup_timeout_s={startup_timeout_s:g})"
-            )
-        return None
-    if hang_timeout_s is None:
-        return None
-    first_at = min(b.first_at for b in summary.ranks.values())
-    silent = [(b.last_at, r, b) for r, b in summary.ranks.items() if r not in ignore_ranks]
-    never = sorted(set(expected_ranks or ()) - set(summary.ranks) - set(ignore_ranks))
-    candidates: list[tuple[float, int, RankBeacons | None]] = [*silent]
-    candidates += [(first_at, r, None) for r in never]
-    if not candidates:
-        return None
-    since, rank, beacons = min(candidates, key=lambda c: (c[0], c[1]))
-    quiet = now - since
-    if quiet <= hang_timeout_s:
-        return None
-    if beacons is None:
-        return (
-            f"rank {rank} never sent a progress beacon, {quiet:.0f} s after the first beacon of"
-            f" the attempt (hang_timeout_s={hang_timeout_s:g})"
-        )
-    at = "no step yet" if beacons.last_step is None else f"last step {beacons.last_step}"
-    return (
-        f"rank {rank} sent no progress beacon for {quiet:.0f} s ({at};"
-        f" hang_timeout_s={hang_timeout_s:g})"
-    )

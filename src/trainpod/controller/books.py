@@ -7,9 +7,9 @@ restart is in the store (events), and a book refills from the next heartbeats.
 
 from __future__ import annotations
 
-from trainpod.agent.beacons import StragglerTracker
 from trainpod.api.models import ChaosOrder, RankBeacon
 from trainpod.controller.progress import Book
+from trainpod.controller.stragglers import StragglerTracker
 
 
 class BeaconBook:

@@ -11,8 +11,8 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from trainpod.agent.beacons import StragglerTracker
 from trainpod.api.models import RankBeacon
+from trainpod.controller.stragglers import StragglerTracker
 
 Book = Mapping[int, tuple[RankBeacon, float]]  # rank -> (latest summary, received at)
 
