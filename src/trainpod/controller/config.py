@@ -38,6 +38,7 @@ class ControllerConfig:
     auto_repair: bool = True
     retire_after: int = 3
     deep_check_timeout_s: float = 180.0
+    event_retention_days: float = 30.0  # older events go, except those of live jobs
     extra: dict[str, str] = field(default_factory=dict)
 
     def checkpoint_for(self, job_id: int) -> tuple[str, str | None]:

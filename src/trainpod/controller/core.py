@@ -54,7 +54,6 @@ from trainpod.controller.planning import Planner
 from trainpod.controller.policy import FaultKind
 from trainpod.controller.ports import PortAllocator, free_port
 from trainpod.controller.repair import NodeRepair, Replacer
-from trainpod.controller.states import JobState, NodeState, RankState
 from trainpod.controller.transitions import Transitions
 from trainpod.controller.views import Views
 from trainpod.controller.wake import Wake
@@ -69,6 +68,7 @@ from trainpod.model.events import (
     JobSubmitted,
     NodeDeclared,
 )
+from trainpod.model.states import JobState, NodeState, RankState
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import JobRow, NodeRow
@@ -342,6 +342,11 @@ class Controller:
                     self.store.append(now, ControllerStepRecovered(failures=in_a_row))
         except Exception:  # the store itself may be what fails; the log has the error
             log.exception("could not record the reconcile step's failure")
+
+    def prune_events(self) -> int:
+        """Apply the event log's retention; returns how many events went."""
+        with self._lock:
+            return self.store.prune_events(self.clock.now(), self.cfg.event_retention_days)
 
     # -- queries --------------------------------------------------------------------------
     def node_infos(self) -> list[NodeInfo]:

@@ -62,6 +62,7 @@ def config_from_record(record: ClusterRecord, paths: ClusterPaths) -> Controller
 
 
 STEP_BACKOFF_MAX_S = 30.0
+PRUNE_INTERVAL_S = 3600.0  # how often the event log's retention is applied
 
 
 class StepHealth:
@@ -88,7 +89,20 @@ def run_reconciler(
     that keeps failing backs off (up to STEP_BACKOFF_MAX_S) and records an event when a
     run of failures starts and when it ends."""
     health = health or StepHealth()
+    next_prune = time.monotonic() + PRUNE_INTERVAL_S
     while not stop.is_set():
+        if time.monotonic() >= next_prune:
+            next_prune = time.monotonic() + PRUNE_INTERVAL_S
+            try:
+                pruned = controller.prune_events()
+                if pruned:
+                    log.info(
+                        "event retention: %d events older than %g days removed",
+                        pruned,
+                        controller.cfg.event_retention_days,
+                    )
+            except Exception:  # retention is housekeeping: the loop goes on without it
+                log.exception("pruning the event log failed")
         try:
             controller.step()
         except Exception as exc:  # the loop must survive a bad step; the error is logged in full
