@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from trainpod.api.models import CheckpointReport, CheckpointUpload, Heartbeat
-from trainpod.controller.states import JobState
 from trainpod.model.events import CheckpointCommitted, CheckpointFailed, CheckpointSaved, Event
+from trainpod.model.states import JobState
 from trainpod.store.repo import Store
 
 _LIVE = [s for s in JobState if not s.ended and s is not JobState.QUEUED]

@@ -30,7 +30,6 @@ from trainpod.controller.policy import (
     crash_signature,
     decide,
 )
-from trainpod.controller.states import AttemptState, JobState, NodeState
 from trainpod.controller.transitions import HEALTHY_NODE_STATES, HELD_NODE_STATES, Transitions
 from trainpod.model.events import (
     AttemptProgress,
@@ -40,6 +39,7 @@ from trainpod.model.events import (
     JobPreempted,
     RecoveryDecision,
 )
+from trainpod.model.states import AttemptState, JobState, NodeState
 from trainpod.scheduler.base import Hold, Place, Preempt, SchedulerDecision
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow, JobRow, NodeRow

@@ -12,9 +12,9 @@ from __future__ import annotations
 from trainpod.api.models import Heartbeat, LaunchPlan
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.ops import Observed
-from trainpod.controller.states import NodeState
 from trainpod.controller.transitions import Transitions
 from trainpod.errors import SpecError
+from trainpod.model.states import NodeState
 from trainpod.scheduler.base import NodeSlot, Scheduler
 from trainpod.scheduler.fifo import FifoScheduler
 from trainpod.spec.job import JobSpec

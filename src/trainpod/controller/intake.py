@@ -17,7 +17,6 @@ from trainpod.controller.external import Scheduling
 from trainpod.controller.nodes import node_state_after_heartbeat
 from trainpod.controller.policy import FaultKind
 from trainpod.controller.repair import NodeRepair
-from trainpod.controller.states import NodeState, RankState
 from trainpod.controller.transitions import Transitions
 from trainpod.errors import NotFound
 from trainpod.model.events import (
@@ -27,6 +26,7 @@ from trainpod.model.events import (
     RankExited,
     RankStarted,
 )
+from trainpod.model.states import NodeState, RankState
 from trainpod.store.repo import Store
 from trainpod.store.rows import NodeRow
 

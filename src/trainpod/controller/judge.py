@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainpod.controller.states import AttemptState, RankState
+from trainpod.model.states import AttemptState, RankState
 from trainpod.store.rows import AttemptRow, RankRow
 
 CAUSE_CANCEL = "cancelled"

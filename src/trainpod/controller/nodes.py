@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainpod.api.models import Heartbeat, LifecycleResult
-from trainpod.controller.states import NodeState
+from trainpod.model.states import NodeState
 from trainpod.store.rows import NodeRow
 
 # States that only the recovery engine or an operator moves a node out of.

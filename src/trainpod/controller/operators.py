@@ -7,10 +7,10 @@ from trainpod.controller.executor import Executor
 from trainpod.controller.external import Scheduling
 from trainpod.controller.policy import FaultKind
 from trainpod.controller.repair import NodeRepair
-from trainpod.controller.states import NodeState
 from trainpod.controller.transitions import HEALTHY_NODE_STATES, Transitions
 from trainpod.errors import Conflict
 from trainpod.model.events import NODE_ACTIONS
+from trainpod.model.states import NodeState
 from trainpod.store.repo import Store
 from trainpod.store.rows import NodeRow
 

@@ -9,8 +9,8 @@ from trainpod.controller.books import ChaosBook
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.external import Scheduling
 from trainpod.controller.launch import launch_order
-from trainpod.controller.states import AttemptState, NodeState, RankState
 from trainpod.controller.transitions import Transitions
+from trainpod.model.states import AttemptState, NodeState, RankState
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.executor import Executor
 from trainpod.controller.external import Scheduling
-from trainpod.controller.states import JobState
 from trainpod.controller.transitions import Transitions
+from trainpod.model.states import JobState
 from trainpod.scheduler.base import QueuedJob, RunningJob, Snapshot
 from trainpod.store.repo import Store
 

@@ -17,9 +17,9 @@ from trainpod.api.models import Heartbeat
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.external import Scheduling
 from trainpod.controller.nodes import lifecycle_failure
-from trainpod.controller.states import NodeState
 from trainpod.controller.transitions import Transitions
 from trainpod.model.events import DeepCheckFinished, DeepCheckStarted, NodeRepaired
+from trainpod.model.states import NodeState
 from trainpod.store.repo import Store
 from trainpod.store.rows import NodeRow
 

@@ -10,16 +10,6 @@ from typing import Any
 
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.ports import PortAllocator
-from trainpod.controller.states import (
-    ATTEMPT_TRANSITIONS,
-    JOB_TRANSITIONS,
-    NODE_TRANSITIONS,
-    AttemptState,
-    JobState,
-    NodeState,
-    RankState,
-    check,
-)
 from trainpod.controller.wake import Wake
 from trainpod.errors import NotFound
 from trainpod.model.events import (
@@ -29,6 +19,16 @@ from trainpod.model.events import (
     NodeReleased,
     NodeStateChanged,
     RankLost,
+)
+from trainpod.model.states import (
+    ATTEMPT_TRANSITIONS,
+    JOB_TRANSITIONS,
+    NODE_TRANSITIONS,
+    AttemptState,
+    JobState,
+    NodeState,
+    RankState,
+    check,
 )
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store

@@ -9,9 +9,9 @@ from trainpod.controller.executor import Executor
 from trainpod.controller.external import Scheduling
 from trainpod.controller.policy import FaultKind
 from trainpod.controller.progress import Book
-from trainpod.controller.states import AttemptState, NodeState
 from trainpod.controller.transitions import Transitions
 from trainpod.model.events import StragglerDetected
+from trainpod.model.states import AttemptState, NodeState
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow

@@ -21,7 +21,6 @@ from trainpod.api.models import Heartbeat, LaunchPlan
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.external import Scheduling
 from trainpod.controller.ops import ClusterOps, Observed
-from trainpod.controller.states import AttemptState, JobState, NodeState, RankState
 from trainpod.controller.transitions import HELD_NODE_STATES, Transitions
 from trainpod.errors import SpecError, TrainpodError
 from trainpod.model.events import (
@@ -36,6 +35,7 @@ from trainpod.model.events import (
     NodeDeclared,
     RecoveryDecision,
 )
+from trainpod.model.states import AttemptState, JobState, NodeState, RankState
 from trainpod.scheduler.base import NodeSlot
 from trainpod.scheduler.fifo import AllocationScheduler
 from trainpod.spec.job import JobSpec
