@@ -3,6 +3,8 @@ never run), resolved (partition, processes per node), and its launch plan (``--d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from trainpod.api.models import LaunchPlan
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.external import Scheduling
@@ -12,11 +14,11 @@ from trainpod.errors import SpecError
 from trainpod.spec.job import JobSpec
 
 
+@dataclass
 class Admission:
-    def __init__(self, config: ControllerConfig, tx: Transitions, scheduling: Scheduling) -> None:
-        self.cfg = config
-        self.tx = tx
-        self.scheduling = scheduling
+    cfg: ControllerConfig
+    tx: Transitions
+    scheduling: Scheduling
 
     def resolve(self, spec: JobSpec) -> JobSpec:
         """``spec`` with its partition and processes per node; SpecError if it can never run."""

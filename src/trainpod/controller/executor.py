@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainpod.controller import judge as judging
@@ -51,22 +52,15 @@ CAUSE_PREEMPTED = "preempted"
 _FAULTY = HELD_NODE_STATES | {NodeState.SUSPECT}
 
 
+@dataclass
 class Executor:
-    def __init__(
-        self,
-        store: Store,
-        config: ControllerConfig,
-        tx: Transitions,
-        scheduling: Scheduling,
-        beacons: BeaconBook,
-    ) -> None:
-        self.store = store
-        self.cfg = config
-        self.tx = tx
-        self.scheduling = scheduling
-        self.beacons = beacons
-        self.holds: dict[int, str] = {}
-        """Why each queued job waits, as the scheduler said on its last pass."""
+    store: Store
+    cfg: ControllerConfig
+    tx: Transitions
+    scheduling: Scheduling
+    beacons: BeaconBook
+    holds: dict[int, str] = field(default_factory=dict, init=False)
+    """Why each queued job waits, as the scheduler said on its last pass."""
 
     # -- the scheduler's decisions ------------------------------------------------------------
     def schedule(self, decisions: Iterable[SchedulerDecision], now: float) -> bool:

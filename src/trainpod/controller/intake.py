@@ -8,6 +8,8 @@ reports (started, exited, lost with a restarted agent), health and chaos acknowl
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from trainpod.api.models import AttemptReport, Heartbeat
 from trainpod.controller.books import BeaconBook, ChaosBook
 from trainpod.controller.checkpoints import CheckpointEvents
@@ -34,30 +36,23 @@ from trainpod.store.rows import NodeRow
 _FAULT_FREE = {NodeState.QUARANTINED, NodeState.REPAIRING, NodeState.RETIRED, NodeState.STOPPED}
 
 
+@dataclass
 class HeartbeatIngest:
-    def __init__(
-        self,
-        store: Store,
-        config: ControllerConfig,
-        tx: Transitions,
-        scheduling: Scheduling,
-        executor: Executor,
-        repair: NodeRepair,
-        beacons: BeaconBook,
-        chaos: ChaosBook,
-        checkpoints: CheckpointEvents,
-    ) -> None:
-        self.store = store
-        self.cfg = config
-        self.tx = tx
-        self.scheduling = scheduling
-        self.executor = executor
-        self.repair = repair
-        self.beacons = beacons
-        self.chaos = chaos
-        self.checkpoints = checkpoints
-        self.agents_seen: dict[str, str] = {}  # node -> agent id heard from since start
-        self.running: dict[str, set[int]] = {}  # node -> attempts with live ranks there
+    store: Store
+    cfg: ControllerConfig
+    tx: Transitions
+    scheduling: Scheduling
+    executor: Executor
+    repair: NodeRepair
+    beacons: BeaconBook
+    chaos: ChaosBook
+    checkpoints: CheckpointEvents
+    agents_seen: dict[str, str] = field(
+        default_factory=dict, init=False
+    )  # node -> agent id heard from since start
+    running: dict[str, set[int]] = field(
+        default_factory=dict, init=False
+    )  # node -> attempts with live ranks there
 
     def apply(self, hb: Heartbeat, now: float) -> None:
         node, new_agent = self._identify(hb, now)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from trainpod.api.models import NodeAction
 from trainpod.controller.executor import Executor
 from trainpod.controller.external import Scheduling
@@ -15,20 +17,13 @@ from trainpod.store.repo import Store
 from trainpod.store.rows import NodeRow
 
 
+@dataclass
 class Operators:
-    def __init__(
-        self,
-        store: Store,
-        tx: Transitions,
-        scheduling: Scheduling,
-        executor: Executor,
-        repair: NodeRepair,
-    ) -> None:
-        self.store = store
-        self.tx = tx
-        self.scheduling = scheduling
-        self.executor = executor
-        self.repair = repair
+    store: Store
+    tx: Transitions
+    scheduling: Scheduling
+    executor: Executor
+    repair: NodeRepair
 
     def act(self, node: NodeRow, action: NodeAction, now: float) -> None:
         why = f"operator: {action.reason}"

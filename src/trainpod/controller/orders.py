@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from trainpod.api.models import DeepCheckOrder, KillOrder, LaunchOrder, Orders
 from trainpod.clock import Clock
 from trainpod.controller import checkpoints
@@ -15,25 +17,18 @@ from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow
 
 
+@dataclass
 class OrderDesk:
-    def __init__(
-        self,
-        store: Store,
-        config: ControllerConfig,
-        tx: Transitions,
-        scheduling: Scheduling,
-        chaos: ChaosBook,
-        running: dict[str, set[int]],
-        clock: Clock,
-    ) -> None:
-        self.store = store
-        self.cfg = config
-        self.tx = tx
-        self.scheduling = scheduling
-        self.chaos = chaos
-        self.running = running  # node -> attempts its agent last reported live ranks of
-        self.clock = clock
-        self._mtbf: dict[int, dict[str, str]] = {}  # attempt -> observed MTBF env
+    store: Store
+    cfg: ControllerConfig
+    tx: Transitions
+    scheduling: Scheduling
+    chaos: ChaosBook
+    running: dict[str, set[int]]  # node -> attempts its agent last reported live ranks of
+    clock: Clock
+    _mtbf: dict[int, dict[str, str]] = field(
+        default_factory=dict, init=False
+    )  # attempt -> MTBF env
 
     def for_node(self, node: str) -> Orders:
         launch: list[LaunchOrder] = []

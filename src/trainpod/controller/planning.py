@@ -7,6 +7,8 @@ asked for (:meth:`~trainpod.scheduler.base.Scheduler.wake_at`) has come.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.executor import Executor
 from trainpod.controller.external import Scheduling
@@ -16,22 +18,17 @@ from trainpod.scheduler.base import QueuedJob, RunningJob, Snapshot
 from trainpod.store.repo import Store
 
 
+@dataclass
 class Planner:
-    def __init__(
-        self,
-        store: Store,
-        config: ControllerConfig,
-        tx: Transitions,
-        scheduling: Scheduling,
-        executor: Executor,
-    ) -> None:
-        self.store = store
-        self.cfg = config
-        self.tx = tx
-        self.scheduling = scheduling
-        self.executor = executor
-        self._shapes: dict[int, tuple[int, frozenset[str]]] = {}  # queued job -> (nodes, groups)
-        self._planned_at: tuple[int, float | None] = (-1, None)  # (version, wake_at)
+    store: Store
+    cfg: ControllerConfig
+    tx: Transitions
+    scheduling: Scheduling
+    executor: Executor
+    _shapes: dict[int, tuple[int, frozenset[str]]] = field(default_factory=dict, init=False)
+    """Queued job -> (nodes, groups), parsed once per job."""
+    _planned_at: tuple[int, float | None] = field(default=(-1, None), init=False)
+    """(version, wake_at) of the last pass."""
 
     def due(self, now: float) -> bool:
         version, wake_at = self._planned_at

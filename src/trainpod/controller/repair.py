@@ -12,6 +12,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from trainpod.api.models import Heartbeat
 from trainpod.controller.config import ControllerConfig
@@ -30,20 +31,13 @@ Replacer = Callable[[str], None]
 """Replaces a node like a new instance (the backend's ``replace_node``); blocking."""
 
 
+@dataclass
 class NodeRepair:
-    def __init__(
-        self,
-        store: Store,
-        config: ControllerConfig,
-        tx: Transitions,
-        scheduling: Scheduling,
-        replacer: Replacer | None,
-    ) -> None:
-        self.store = store
-        self.cfg = config
-        self.tx = tx
-        self.scheduling = scheduling
-        self.replacer = replacer
+    store: Store
+    cfg: ControllerConfig
+    tx: Transitions
+    scheduling: Scheduling
+    replacer: Replacer | None
 
     def step(self, now: float) -> None:
         """Start requested repairs; fail those that took too long."""

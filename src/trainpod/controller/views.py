@@ -17,8 +17,8 @@ from trainpod.api.models import AttemptInfo, EventInfo, JobInfo, NodeInfo, RankI
 from trainpod.controller import progress
 from trainpod.controller.books import BeaconBook
 from trainpod.controller.checkpoints import CheckpointEvents
-from trainpod.controller.states import JobState
 from trainpod.controller.transitions import Transitions
+from trainpod.model.states import JobState
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow, JobRow, NodeRow, RankRow

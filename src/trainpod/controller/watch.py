@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from trainpod.controller import progress
 from trainpod.controller.books import BeaconBook
 from trainpod.controller.config import ControllerConfig
@@ -19,22 +21,14 @@ from trainpod.store.rows import AttemptRow
 _LIVE_NODE_STATES = {NodeState.SETTING_UP, NodeState.IDLE, NodeState.ALLOCATED, NodeState.FAILED}
 
 
+@dataclass
 class Watchdog:
-    def __init__(
-        self,
-        store: Store,
-        config: ControllerConfig,
-        tx: Transitions,
-        scheduling: Scheduling,
-        executor: Executor,
-        beacons: BeaconBook,
-    ) -> None:
-        self.store = store
-        self.cfg = config
-        self.tx = tx
-        self.scheduling = scheduling
-        self.executor = executor
-        self.beacons = beacons
+    store: Store
+    cfg: ControllerConfig
+    tx: Transitions
+    scheduling: Scheduling
+    executor: Executor
+    beacons: BeaconBook
 
     # -- liveness -----------------------------------------------------------------------------
     def liveness(self, now: float) -> None:
