@@ -16,6 +16,7 @@ from trainpod.controller.judge import (
     first_failure,
     judge,
 )
+from trainpod.model.failures import Failure
 from trainpod.model.states import AttemptState, RankState
 from trainpod.store.rows import AttemptRow, RankRow
 
@@ -116,7 +117,7 @@ def test_one_nonzero_exit_stops_the_attempt_with_a_failure_record() -> None:
     assert v is not None
     assert v.state is A.STOPPING
     assert v.cause == CAUSE_RANK_FAILED
-    assert v.failure == {
+    assert v.failure.to_json() == {
         "rank": 2,
         "node": "n-1",
         "exit_code": 3,
@@ -127,8 +128,10 @@ def test_one_nonzero_exit_stops_the_attempt_with_a_failure_record() -> None:
 
 
 def test_stopping_waits_for_every_rank_then_fails_with_the_first_failure() -> None:
-    failure = {"rank": 2, "node": "n-1", "exit_code": 3, "signal": None, "lost": False}
-    failure["log_tail"] = "ValueError: boom"
+    failure = Failure.from_json(
+        {"rank": 2, "node": "n-1", "exit_code": 3, "signal": None, "lost": False}
+        | {"log_tail": "ValueError: boom"}
+    )
     stopping = attempt(A.STOPPING, CAUSE_RANK_FAILED, failure=failure)
     partly = [rank(0), exited(1, signal=15), exited(2, code=3), rank(3)]
     assert judged(stopping, partly) is None
@@ -143,8 +146,8 @@ def test_a_failure_with_every_rank_ended_fails_at_once() -> None:
     ranks = [exited(0), exited(1), exited(2, code=1), exited(3)]
     v = judged(attempt(A.RUNNING), ranks)
     assert v is not None
-    assert (v.state, v.cause, v.failure["rank"]) == (A.FAILED, CAUSE_RANK_FAILED, 2)
-    assert v.failure["log_tail"] == ""
+    assert (v.state, v.cause, v.failure.rank) == (A.FAILED, CAUSE_RANK_FAILED, 2)
+    assert v.failure.log_tail == ""
 
 
 def test_a_rank_killed_by_a_signal_is_a_failure() -> None:
@@ -152,7 +155,7 @@ def test_a_rank_killed_by_a_signal_is_a_failure() -> None:
     v = judged(attempt(A.RUNNING), ranks)
     assert v is not None
     assert (v.state, v.cause) == (A.STOPPING, CAUSE_RANK_FAILED)
-    assert (v.failure["signal"], v.failure["exit_code"], v.failure["lost"]) == (9, None, False)
+    assert (v.failure.signal, v.failure.exit_code, v.failure.lost) == (9, None, False)
 
 
 def test_a_lost_rank_means_its_node_was_lost() -> None:
@@ -160,7 +163,7 @@ def test_a_lost_rank_means_its_node_was_lost() -> None:
     v = judged(attempt(A.RUNNING), ranks)
     assert v is not None
     assert (v.state, v.cause) == (A.STOPPING, CAUSE_NODE_LOST)
-    assert (v.failure["rank"], v.failure["node"], v.failure["lost"]) == (0, "n-0", True)
+    assert (v.failure.rank, v.failure.node, v.failure.lost) == (0, "n-0", True)
     all_lost = [rank(i, R.LOST) for i in range(4)]
     v = judged(attempt(A.RUNNING), all_lost)
     assert v is not None
@@ -176,7 +179,7 @@ def test_the_earliest_failure_is_the_one_recorded() -> None:
     ]
     failure = first_failure(ranks, {})
     assert failure is not None
-    assert failure["rank"] == 2  # earliest; ties go to the lower rank
+    assert failure.rank == 2  # earliest; ties go to the lower rank
     assert first_failure([exited(0), rank(1)], {}) is None
 
 
@@ -193,7 +196,7 @@ def test_ranks_that_never_started_need_no_teardown() -> None:
     ranks = [exited(0, code=127), exited(1), rank(2, R.PENDING), rank(3, R.PENDING)]
     v = judged(attempt(A.LAUNCHING), ranks)
     assert v is not None
-    assert (v.state, v.cause, v.failure["rank"]) == (A.FAILED, CAUSE_RANK_FAILED, 0)
+    assert (v.state, v.cause, v.failure.rank) == (A.FAILED, CAUSE_RANK_FAILED, 0)
     stopping = attempt(A.STOPPING, CAUSE_RANK_FAILED, failure=v.failure)
     assert judged(stopping, [rank(0), *ranks[1:]]) is None  # rank 0 still running
     assert judged(stopping, ranks) == Verdict(A.FAILED, CAUSE_RANK_FAILED, v.failure)
@@ -238,7 +241,9 @@ def test_cancel_wins_over_a_failure_seen_at_the_same_time() -> None:
 
 
 def test_a_failure_already_stopping_the_attempt_is_not_turned_into_a_cancel() -> None:
-    failure = {"rank": 0, "node": "n-0", "exit_code": 1, "signal": None, "lost": False}
+    failure = Failure.from_json(
+        {"rank": 0, "node": "n-0", "exit_code": 1, "signal": None, "lost": False}
+    )
     stopping = attempt(A.STOPPING, CAUSE_RANK_FAILED, failure=failure)
     ranks = [exited(0, code=1), *(exited(i, signal=15) for i in range(1, 4))]
     v = judged(stopping, ranks, cancel_requested=True)
@@ -265,7 +270,7 @@ def test_a_failure_already_stopping_the_attempt_is_not_turned_into_a_cancel() ->
     ],
 )
 def test_describe_failure(failure: dict[str, Any], text: str) -> None:
-    assert describe_failure(failure) == text
+    assert describe_failure(Failure.from_json(failure)) == text
 
 
 def test_judge_does_not_mutate_its_inputs() -> None:

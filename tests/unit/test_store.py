@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainpod.errors import Fatal
+from trainpod.model.failures import Failure
 from trainpod.model.states import AttemptState, JobState, NodeState, RankState
 from trainpod.store.db import migrate, open_db, schema_version
 from trainpod.store.migrations import MIGRATIONS
@@ -198,14 +199,14 @@ def test_jobs_attempts_and_ranks_round_trip(store: Store) -> None:
         job = store.insert_job("train", {"command": ["python"], "nodes": 2}, 1.0)
         aid = store.insert_attempt(job, 1, ["n-0", "n-1"], "10.0.0.1", 29500, 2, 1.0)
         store.update_rank(aid, 3, state=RankState.EXITED, exit_code=1, ended_at=4.0)
-        store.update_attempt(aid, state=AttemptState.STOPPING, failure={"rank": 3})
+        store.update_attempt(aid, state=AttemptState.STOPPING, failure=Failure(rank=3).to_json())
         store.update_job(job, 5.0, state=JobState.STOPPING, cancel_requested=True)
     row = store.job(job)
     assert row is not None
     assert (row.state, row.cancel_requested, row.spec["nodes"]) == (JobState.STOPPING, True, 2)
     att = store.attempt(aid)
     assert att is not None
-    assert (att.nodes, att.master_port, att.failure) == (["n-0", "n-1"], 29500, {"rank": 3})
+    assert (att.nodes, att.master_port, att.failure) == (["n-0", "n-1"], 29500, Failure(rank=3))
     assert [a.id for a in store.active_attempts()] == [aid]
     ranks = store.ranks(aid)
     assert [(r.rank, r.node, r.local_rank) for r in ranks] == [

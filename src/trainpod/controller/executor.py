@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 from trainpod.controller import judge as judging
 from trainpod.controller import progress
@@ -40,6 +40,7 @@ from trainpod.model.events import (
     JobPreempted,
     RecoveryDecision,
 )
+from trainpod.model.failures import Classified, Failure, RepairState
 from trainpod.model.states import AttemptState, JobState, NodeState
 from trainpod.scheduler.base import Hold, Place, Preempt, SchedulerDecision
 from trainpod.store.repo import Store
@@ -86,7 +87,7 @@ class Executor:
         self.store.append(
             now, JobPreempted(job_id=d.job_id, attempt=attempt.number, reason=d.reason)
         )
-        failure = {"reason": d.reason, "grace_s": d.grace_s, "nodes": list(attempt.nodes)}
+        failure = Failure(reason=d.reason, grace_s=d.grace_s, nodes=tuple(attempt.nodes))
         self.stop_attempt(attempt, CAUSE_PREEMPTED, failure, now)
         return True
 
@@ -106,24 +107,25 @@ class Executor:
             fields["started_at"] = now
         if verdict.cause:
             fields["cause"] = verdict.cause
-        if verdict.failure:
-            fields["failure"] = verdict.failure
+        if not verdict.failure.empty:
+            fields["failure"] = verdict.failure.to_json()
         self.tx.set_attempt(attempt, verdict.state, now, **fields)
         ended = self.store.attempt(attempt.id)
         assert ended is not None
         self._after_attempt(self.tx.job(job.id), ended, verdict, now)
 
-    def stop_attempt(
-        self, attempt: AttemptRow, cause: str, failure: dict[str, Any], now: float
-    ) -> None:
+    def stop_attempt(self, attempt: AttemptRow, cause: str, failure: Failure, now: float) -> None:
         """Begin tearing an attempt down because of something seen outside its ranks (a
         fault, a preemption), and record the fault now."""
         if attempt.state.ended or attempt.state is AttemptState.STOPPING:
             return
-        self.tx.set_attempt(attempt, AttemptState.STOPPING, now, cause=cause, failure=failure)
+        self.tx.set_attempt(
+            attempt, AttemptState.STOPPING, now, cause=cause, failure=failure.to_json()
+        )
         job = self.tx.job(attempt.job_id)
         if job.state in (JobState.STARTING, JobState.RUNNING):
-            self.tx.set_job(job, JobState.STOPPING, now, reason=failure.get("reason", cause))
+            reason = cause if failure.reason is None else failure.reason
+            self.tx.set_job(job, JobState.STOPPING, now, reason=reason)
         self.reconcile(attempt.id, now, {})
         stopped = self.store.attempt(attempt.id)
         if stopped is not None and stopped.state is AttemptState.STOPPING:
@@ -157,12 +159,12 @@ class Executor:
         elif attempt.cause == CAUSE_PREEMPTED and not job.cancel_requested:
             self._requeue_preempted(job, attempt, now)
         else:
-            if verdict.failure and not attempt.failure.get("noted"):
+            if not verdict.failure.empty and not attempt.failure.noted:
                 self._note_fault(attempt, now)
             self._recover(self.tx.job(job.id), attempt, now)
 
     def _requeue_preempted(self, job: JobRow, attempt: AttemptRow, now: float) -> None:
-        reason = f"preempted: {attempt.failure.get('reason', '')}"
+        reason = f"preempted: {attempt.failure.reason or ''}"
         self.tx.release_all(job.id, now)
         if job.state is not JobState.RECOVERING:
             self.tx.set_job(job, JobState.RECOVERING, now, reason=reason)
@@ -170,32 +172,30 @@ class Executor:
 
     def _note_fault(self, attempt: AttemptRow, now: float) -> None:
         """Record ``fault_detected`` once per attempt, with when the fault really happened."""
-        failure = dict(attempt.failure)
+        failure = attempt.failure
         skip = (judging.CAUSE_CANCEL, CAUSE_PREEMPTED)
-        if not failure or failure.get("noted") or attempt.cause in skip:
+        if failure.empty or failure.noted or attempt.cause in skip:
             return
-        fault_at = failure.get("fault_at")
-        if fault_at is None and "rank" in failure:
-            rank = next(
-                (r for r in self.store.ranks(attempt.id) if r.rank == failure["rank"]), None
-            )
+        fault_at = failure.fault_at
+        if fault_at is None and failure.rank is not None:
+            rank = next((r for r in self.store.ranks(attempt.id) if r.rank == failure.rank), None)
             fault_at = rank.ended_at if rank and rank.ended_at else now
-            if failure.get("lost"):
-                node = self.store.node(failure.get("node", ""))
+            if failure.lost:
+                node = self.store.node(failure.node or "")
                 fault_at = node.last_heartbeat if node and node.last_heartbeat else now
-        failure.update(noted=True, fault_at=fault_at or now)
-        self.store.update_attempt(attempt.id, failure=failure)
+        failure = replace(failure, noted=True, fault_at=fault_at or now)
+        self.store.update_attempt(attempt.id, failure=failure.to_json())
         self.store.append(
             now,
             FaultDetected(
                 job_id=attempt.job_id,
                 attempt=attempt.number,
-                node=failure.get("node"),
+                node=failure.node,
                 cause=attempt.cause,
-                fault_at=failure["fault_at"],
-                reason=failure.get("reason") or judging.describe_failure(failure),
-                rank=failure.get("rank"),
-                nodes=tuple(failure.get("nodes", [failure.get("node")])),
+                fault_at=failure.fault_at,
+                reason=failure.reason or judging.describe_failure(failure),
+                rank=failure.rank,
+                nodes=_fault_nodes(failure),
             ),
         )
 
@@ -222,17 +222,15 @@ class Executor:
     # -- deciding -------------------------------------------------------------------------
     def fault_of(self, attempt: AttemptRow) -> Fault:
         f = attempt.failure
-        known = f.get("classified")
-        if known:  # decided when the attempt ended; node states have moved on since
-            return Fault(
-                FaultKind(known["kind"]), known["reason"], tuple(known["nodes"]), known["signature"]
-            )
+        known = f.classified
+        if known is not None:  # decided when the attempt ended; node states have moved on since
+            return Fault(FaultKind(known.kind), known.reason, known.nodes, known.signature)
         try:
             kind = FaultKind(attempt.cause)
         except ValueError:
             kind = FaultKind.CRASH
-        nodes = tuple(f.get("nodes") or ([f["node"]] if f.get("node") else []))
-        reason = f.get("reason") or judging.describe_failure(f) or kind.value
+        nodes = f.nodes or ((f.node,) if f.node else ())
+        reason = f.reason or judging.describe_failure(f) or kind.value
         if kind is FaultKind.CRASH:
             # A rank that dies with its hardware, or whose peer's node died (Gloo/NCCL fail
             # at once with "connection closed"), is a node fault, not the job's: look at
@@ -248,7 +246,7 @@ class Executor:
                 lost = row.state is NodeState.SUSPECT  # silent: quarantined in this same step
                 default = FaultKind.NODE_LOST if lost else FaultKind.GPU_FAULT
                 try:
-                    node_kind = FaultKind(row.repair.get("kind") or default.value)
+                    node_kind = FaultKind(row.repair.kind or default.value)
                 except ValueError:
                     node_kind = default
                 return Fault(
@@ -256,7 +254,7 @@ class Executor:
                     f"{reason}; {name} failed at the same time: {row.reason}",
                     tuple(n for n, _ in held),
                 )
-            sig = crash_signature(f.get("exit_code"), f.get("signal"), f.get("log_tail", ""))
+            sig = crash_signature(f.exit_code, f.signal, f.log_tail or "")
             return Fault(kind, reason, nodes, sig)
         return Fault(kind, reason, nodes)
 
@@ -301,15 +299,10 @@ class Executor:
         )
         fault = self.fault_of(attempt)
         current = self.store.attempt(attempt.id)
-        if current is not None and "classified" not in current.failure:
-            classified = {
-                "kind": fault.kind.value,
-                "reason": fault.reason,
-                "nodes": list(fault.nodes),
-                "signature": fault.signature,
-            }
+        if current is not None and not _has_classified(current.failure):
+            classified = Classified(fault.kind.value, fault.reason, fault.nodes, fault.signature)
             self.store.update_attempt(
-                attempt.id, failure={**current.failure, "classified": classified}
+                attempt.id, failure=replace(current.failure, classified=classified).to_json()
             )
             if fault.kind.value != attempt.cause:
                 # What looked like one thing when detected turned out another once torn down
@@ -353,7 +346,7 @@ class Executor:
         elif isinstance(decision, Fail):
             self._decision_event(job, attempt, "fail", decision.reason, [], now)
             self.tx.release_nodes(job.id, held, now)
-            tail = str(attempt.failure.get("log_tail", "")).strip()
+            tail = (attempt.failure.log_tail or "").strip()
             reason = f"{decision.reason}\n{tail}" if tail else decision.reason
             self.tx.set_job(job, JobState.FAILED, now, reason=reason)
         else:
@@ -430,19 +423,19 @@ class Executor:
         """Take a node out of service; stop the attempt it runs; optionally repair it."""
         if node.state in HELD_NODE_STATES:
             return
-        request = {"requested": repair, "kind": kind.value, "since": now}
-        self.tx.set_node(node, NodeState.QUARANTINED, now, reason=reason, repair=request)
+        request = RepairState(requested=repair, kind=kind.value, since=now)
+        self.tx.set_node(node, NodeState.QUARANTINED, now, reason=reason, repair=request.to_json())
         self.scheduling.drain(node.name, reason, now)
         if node.job_id is None:
             return
         attempt = self.tx.active_attempt(node.job_id)
         if attempt is not None and node.name in attempt.nodes:
-            failure = {
-                "reason": f"{node.name}: {reason}",
-                "nodes": [node.name],
-                "node": node.name,
-                "fault_at": fault_at or now,
-            }
+            failure = Failure(
+                reason=f"{node.name}: {reason}",
+                nodes=(node.name,),
+                node=node.name,
+                fault_at=fault_at or now,
+            )
             self.stop_attempt(attempt, kind.value, failure, now)
 
 
@@ -454,7 +447,21 @@ def _trailing(flags: Iterable[bool]) -> int:
     return run
 
 
-def _reason(failure: dict[str, Any]) -> str:
-    text = failure.get("reason") or judging.describe_failure(failure)
-    tail = str(failure.get("log_tail", "")).strip()
+def _fault_nodes(failure: Failure) -> tuple[str, ...]:
+    """The nodes ``fault_detected`` names: the record's ``nodes``, else its one ``node``."""
+    if failure.nodes is not None:
+        return failure.nodes
+    return cast(tuple[str, ...], (failure.node,))  # a rank's record: its node is always known
+
+
+def _has_classified(failure: Failure) -> bool:
+    """Recovery has classified this fault already (a ``classified`` key, even one this
+    version cannot read, counts: it is never overwritten)."""
+    known = failure.classified is not None or "classified" in failure.nulls
+    return known or "classified" in failure.extra
+
+
+def _reason(failure: Failure) -> str:
+    text = failure.reason or judging.describe_failure(failure)
+    tail = (failure.log_tail or "").strip()
     return f"{text}\n{tail}" if tail else str(text)

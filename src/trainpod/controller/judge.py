@@ -11,37 +11,40 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from trainpod.model.failures import Failure
 from trainpod.model.states import AttemptState, RankState
 from trainpod.store.rows import AttemptRow, RankRow
 
 CAUSE_CANCEL = "cancelled"
 CAUSE_RANK_FAILED = "crash"  # a rank exited non-zero or by a signal
 CAUSE_NODE_LOST = "node_lost"
+RANK_EXIT_KEYS = frozenset({"rank", "node", "exit_code", "signal", "lost", "log_tail"})
+"""The keys a rank's failure record always has (``exit_code`` or ``signal`` null)."""
 
 
 @dataclass(frozen=True)
 class Verdict:
     state: AttemptState
     cause: str = ""
-    failure: dict[str, Any] = field(default_factory=dict)
+    failure: Failure = field(default_factory=Failure)
 
 
-def first_failure(ranks: Sequence[RankRow], tails: dict[int, str]) -> dict[str, Any] | None:
+def first_failure(ranks: Sequence[RankRow], tails: dict[int, str]) -> Failure | None:
     """The earliest failed rank, as a failure record, or None."""
     failed = [r for r in ranks if r.failed]
     if not failed:
         return None
     r = min(failed, key=lambda x: (x.ended_at or float("inf"), x.rank))
-    return {
-        "rank": r.rank,
-        "node": r.node,
-        "exit_code": r.exit_code,
-        "signal": r.signal,
-        "lost": r.state is RankState.LOST,
-        "log_tail": tails.get(r.rank, ""),
-    }
+    return Failure(
+        rank=r.rank,
+        node=r.node,
+        exit_code=r.exit_code,
+        signal=r.signal,
+        lost=r.state is RankState.LOST,
+        log_tail=tails.get(r.rank, ""),
+        nulls=RANK_EXIT_KEYS,
+    )
 
 
 def judge(
@@ -74,7 +77,7 @@ def judge(
             return Verdict(AttemptState.CANCELLED, CAUSE_CANCEL)
         return Verdict(AttemptState.STOPPING, CAUSE_CANCEL)
     if failure is not None:
-        cause = CAUSE_NODE_LOST if failure["lost"] else CAUSE_RANK_FAILED
+        cause = CAUSE_NODE_LOST if failure.lost else CAUSE_RANK_FAILED
         if torn_down:
             return Verdict(AttemptState.FAILED, cause, failure)
         return Verdict(AttemptState.STOPPING, cause, failure)
@@ -87,13 +90,13 @@ def judge(
     return None
 
 
-def describe_failure(failure: dict[str, Any]) -> str:
+def describe_failure(failure: Failure) -> str:
     """One line for humans: which rank failed where, and how."""
-    if not failure:
+    if failure.empty:
         return ""
-    where = f"rank {failure['rank']} on {failure['node']}"
-    if failure.get("lost"):
+    where = f"rank {failure.rank} on {failure.node}"
+    if failure.lost:
         return f"{where} was lost with its node"
-    if failure.get("signal") is not None:
-        return f"{where} was killed by signal {failure['signal']}"
-    return f"{where} exited with code {failure['exit_code']}"
+    if failure.signal is not None:
+        return f"{where} was killed by signal {failure.signal}"
+    return f"{where} exited with code {failure.exit_code}"

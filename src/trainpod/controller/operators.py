@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainpod.api.models import NodeAction
 from trainpod.controller.executor import Executor
@@ -44,8 +44,8 @@ class Operators:
         self.executor.quarantine(node, why, FaultKind.QUARANTINED, now, repair=True)
         node = self.tx.node(node.name)
         if node.state is NodeState.QUARANTINED:
-            rep = {**node.repair, "requested": True}
-            self.store.update_node(node.name, now, repair=rep, reason=why)
+            rep = replace(node.repair, requested=True)
+            self.store.update_node(node.name, now, repair=rep.to_json(), reason=why)
 
     def _resume(self, node: NodeRow, now: float) -> None:
         self.store.update_node(node.name, now, drained=False)

@@ -41,7 +41,9 @@ class OrderDesk:
             mine = [r for r in self.store.ranks(attempt.id) if r.node == node]
             if attempt.state is AttemptState.STOPPING:
                 if any(not r.state.ended for r in mine):
-                    grace = attempt.failure.get("grace_s", self.cfg.teardown_grace_s)
+                    grace = attempt.failure.grace_s
+                    if grace is None:
+                        grace = self.cfg.teardown_grace_s
                     kill.append(
                         KillOrder(attempt_id=attempt.id, grace_s=grace, reason=attempt.cause)
                     )
@@ -51,10 +53,9 @@ class OrderDesk:
             kill.append(KillOrder(attempt_id=attempt_id, grace_s=0.0, reason="attempt ended"))
         deep = None
         row = self.store.node(node)
-        if row is not None and row.state is NodeState.REPAIRING and row.repair.get("deep_check_id"):
-            deep = DeepCheckOrder(
-                id=row.repair["deep_check_id"], timeout_s=self.cfg.deep_check_timeout_s
-            )
+        check_id = row.repair.deep_check_id if row is not None else None
+        if row is not None and row.state is NodeState.REPAIRING and check_id:
+            deep = DeepCheckOrder(id=check_id, timeout_s=self.cfg.deep_check_timeout_s)
         return Orders(
             launch=launch,
             kill=kill,

@@ -12,7 +12,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainpod.api.models import Heartbeat
 from trainpod.controller.config import ControllerConfig
@@ -20,6 +20,7 @@ from trainpod.controller.external import Scheduling
 from trainpod.controller.nodes import lifecycle_failure
 from trainpod.controller.transitions import Transitions
 from trainpod.model.events import DeepCheckFinished, DeepCheckStarted, NodeRepaired
+from trainpod.model.failures import RepairState
 from trainpod.model.states import NodeState
 from trainpod.store.repo import Store
 from trainpod.store.rows import NodeRow
@@ -43,7 +44,7 @@ class NodeRepair:
         """Start requested repairs; fail those that took too long."""
         for node in self.store.nodes():
             rep = node.repair
-            if node.state is NodeState.QUARANTINED and rep.get("requested"):
+            if node.state is NodeState.QUARANTINED and rep.requested:
                 if node.job_id is not None:
                     continue  # its attempt is still being torn down
                 if self.replacer is not None:
@@ -53,18 +54,22 @@ class NodeRepair:
                     # place through its live agent; a pass resumes it in Slurm.
                     self.begin(node, "check", now)
             elif node.state is NodeState.REPAIRING:
-                limit = rep.get("started_at", now) + self.cfg.deep_check_timeout_s + REPAIR_SLACK_S
+                started = now if rep.started_at is None else rep.started_at
+                limit = started + self.cfg.deep_check_timeout_s + REPAIR_SLACK_S
                 if now > limit:
                     self.failed(node, "repair did not finish in time", now)
 
     def begin(self, node: NodeRow, mode: str, now: float) -> None:
-        rep = {
-            "mode": mode,
-            "started_at": now,
-            "old_agent": node.agent_id if mode == "replace" else None,
-            "kind": node.repair.get("kind", ""),
-        }
-        self.tx.set_node(node, NodeState.REPAIRING, now, reason=f"repairing ({mode})", repair=rep)
+        rep = RepairState(
+            mode=mode,
+            started_at=now,
+            old_agent=node.agent_id if mode == "replace" else None,
+            kind=_kind(node.repair),
+            nulls=frozenset({"old_agent"}),  # written even when there is none
+        )
+        self.tx.set_node(
+            node, NodeState.REPAIRING, now, reason=f"repairing ({mode})", repair=rep.to_json()
+        )
         if mode == "replace":
             replacer = self.replacer
             assert replacer is not None
@@ -72,22 +77,23 @@ class NodeRepair:
         self.tx.wake.bump()
 
     def on_heartbeat(self, node: NodeRow, hb: Heartbeat, now: float) -> None:
-        rep = dict(node.repair)
-        if rep.get("mode") == "replace" and hb.agent_id == rep.get("old_agent"):
+        rep = node.repair
+        if rep.mode == "replace" and hb.agent_id == rep.old_agent:
             return  # the old instance is still reporting; the new one is not up yet
         if hb.lifecycle.state == "failed":
             self.failed(node, lifecycle_failure(hb.lifecycle.results), now)
             return
         if hb.lifecycle.state != "ok":
             return
-        if not rep.get("deep_check_id"):
-            rep["deep_check_id"] = uuid.uuid4().hex[:12]
-            self.store.update_node(node.name, now, repair=rep)
-            self.store.append(now, DeepCheckStarted(node=node.name, check_id=rep["deep_check_id"]))
+        if not rep.deep_check_id:
+            check_id = uuid.uuid4().hex[:12]
+            rep = replace(rep, deep_check_id=check_id)
+            self.store.update_node(node.name, now, repair=rep.to_json())
+            self.store.append(now, DeepCheckStarted(node=node.name, check_id=check_id))
             self.tx.wake.bump()
             return
         result = hb.deep_check
-        if result is None or result.id != rep["deep_check_id"] or result.status == "running":
+        if result is None or result.id != rep.deep_check_id or result.status == "running":
             return
         self.store.append(
             now, DeepCheckFinished(node=node.name, status=result.status, reason=result.reason)
@@ -95,8 +101,9 @@ class NodeRepair:
         if result.status == "fault":
             self.failed(node, f"deep check failed: {result.reason}", now)
             return
-        self.tx.set_node(node, NodeState.IDLE, now, reason="", repair={}, repairs=0, job_id=None)
-        self.store.append(now, NodeRepaired(node=node.name, mode=rep.get("mode")))
+        done = RepairState().to_json()  # none in progress: {}
+        self.tx.set_node(node, NodeState.IDLE, now, reason="", repair=done, repairs=0, job_id=None)
+        self.store.append(now, NodeRepaired(node=node.name, mode=rep.mode))
         self.scheduling.resume(node.name, now)
         self.tx.wake.bump()
 
@@ -108,21 +115,17 @@ class NodeRepair:
                 NodeState.RETIRED,
                 now,
                 repairs=failures,
-                repair={},
+                repair=RepairState().to_json(),
                 reason=f"retired after {failures} failed repairs; last: {reason}",
             )
         else:
-            again = {
-                "requested": self.cfg.auto_repair,
-                "kind": node.repair.get("kind", ""),
-                "since": now,
-            }
+            again = RepairState(requested=self.cfg.auto_repair, kind=_kind(node.repair), since=now)
             self.tx.set_node(
                 node,
                 NodeState.QUARANTINED,
                 now,
                 repairs=failures,
-                repair=again,
+                repair=again.to_json(),
                 reason=f"repair {failures} failed: {reason}",
             )
         self.tx.wake.bump()
@@ -133,6 +136,12 @@ class NodeRepair:
             and node.last_heartbeat is not None
             and now - node.last_heartbeat <= self.cfg.heartbeat_timeout_s
         )
+
+
+def _kind(repair: RepairState) -> str:
+    """The fault kind that took the node out, carried from one repair state to the next
+    (``""`` when not known, as before)."""
+    return "" if repair.kind is None else repair.kind
 
 
 def _run_replacer(replacer: Replacer, node: str) -> None:

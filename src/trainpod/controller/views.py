@@ -141,8 +141,8 @@ def _attempt_info(a: AttemptRow, ranks: list[RankRow]) -> AttemptInfo:
         started_at=a.started_at,
         ended_at=a.ended_at,
         cause=a.cause,
-        fault=str(a.failure.get("classified", {}).get("kind", "")) or a.cause,
-        failure=a.failure,
+        fault=(a.failure.classified.kind if a.failure.classified else "") or a.cause,
+        failure=a.failure.to_json(),
         ranks=[RankInfo.model_validate(r, from_attributes=True) for r in ranks],
     )
 

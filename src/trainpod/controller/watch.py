@@ -13,6 +13,7 @@ from trainpod.controller.policy import FaultKind
 from trainpod.controller.progress import Book
 from trainpod.controller.transitions import Transitions
 from trainpod.model.events import StragglerDetected
+from trainpod.model.failures import Failure
 from trainpod.model.states import AttemptState, NodeState
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
@@ -112,13 +113,14 @@ class Watchdog:
             if hung is not None:
                 reason, fault_at, rank = hung
                 where = {r.rank: r.node for r in ranks}.get(rank or -1)
-                failure = {
-                    "reason": reason,
-                    "fault_at": fault_at,
-                    "rank": rank,
-                    "node": where,
-                    "nodes": [where] if where else [],
-                }
+                failure = Failure(
+                    reason=reason,
+                    fault_at=fault_at,
+                    rank=rank,
+                    node=where,
+                    nodes=(where,) if where else (),
+                    nulls=frozenset({"rank", "node"}),  # written even when not known
+                )
                 self.executor.stop_attempt(attempt, FaultKind.HANG.value, failure, now)
                 self.tx.wake.bump()
                 continue

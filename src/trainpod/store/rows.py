@@ -7,6 +7,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainpod.model.failures import Failure, RepairState
 from trainpod.model.states import AttemptState, JobState, NodeState, RankState
 
 
@@ -28,7 +29,7 @@ class NodeRow:
     updated_at: float
     drained: bool = False
     repairs: int = 0  # failed repairs so far
-    repair: dict[str, Any] = field(default_factory=dict)  # the repair in progress, if any
+    repair: RepairState = field(default_factory=RepairState)  # the repair in progress, if any
     allocation: int | None = None  # Slurm: the job whose allocation this node's agent serves
 
     @classmethod
@@ -50,7 +51,7 @@ class NodeRow:
             updated_at=r["updated_at"],
             drained=bool(r["drained"]),
             repairs=r["repairs"],
-            repair=json.loads(r["repair"]),
+            repair=RepairState.from_json(json.loads(r["repair"])),
             allocation=r["allocation"],
         )
 
@@ -134,7 +135,7 @@ class AttemptRow:
     started_at: float | None
     ended_at: float | None
     cause: str
-    failure: dict[str, Any] = field(default_factory=dict)
+    failure: Failure = field(default_factory=Failure)
     restart_reason: str = ""
 
     @classmethod
@@ -151,7 +152,7 @@ class AttemptRow:
             started_at=r["started_at"],
             ended_at=r["ended_at"],
             cause=r["cause"],
-            failure=json.loads(r["failure"]),
+            failure=Failure.from_json(json.loads(r["failure"])),
             restart_reason=r["restart_reason"],
         )
 
