@@ -128,12 +128,14 @@ def test_auto_interval_is_young_daly_in_steps(tmp_path: Path) -> None:
         due = [s for s in range(0, 20) if ck.due(s)]
         assert due[0] == 5  # the first save comes after a few timed steps
         ck.save(5, make_state())
-        # The ranks agree on (stall, step time) in the writer; the next save() reads it.
-        ck.save(10, make_state())
+        # The ranks agree on (stall, step time) in the writer; the next save() reads it. Read
+        # it once step 5 is written and before step 10 is: the writer agrees again on step 10.
+        assert ck.wait(30)
         agreed = ck._pipe.agreed
         assert agreed is not None
         expected = max(1, math.ceil(young_daly_s(agreed[0], 3600.0) / agreed[1]))
         assert ck.interval_steps == expected and ck.interval_s() == young_daly_s(agreed[0], 3600)
+        ck.save(10, make_state())
         assert ck.due(10 + expected) and not ck.due(10 + expected - 1)
         assert ck.wait(30)
     with pytest.raises(CheckpointConfigError):

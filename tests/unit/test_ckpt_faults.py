@@ -187,8 +187,16 @@ def test_unreachable_durable_store_is_retried_until_it_recovers(tmp_path: Path) 
     with Checkpointer(tiers=_tiers(tmp_path, durable=durable), every=1, retry_base_s=0.05) as ck:
         for step in (1, 2):  # training continues while the store is down
             ck.save(step, make_state(step))
-        wait_until(lambda: fs.refused >= 3 and "durable" in ck.progress().errors, what="retries")
-        p = ck.progress()
+        # Step 2 reaches memory while step 1's durable copy is refused: wait for both.
+        p = wait_until(
+            lambda: (
+                fs.refused >= 3
+                and "durable" in (q := ck.progress()).errors
+                and q.committed["memory"] == 2
+                and q
+            ),
+            what="step 2 in memory and the durable copy retried",
+        )
         assert p.committed["memory"] == 2 and p.committed["durable"] is None
         assert "unreachable" in p.errors["durable"] and p.retry_in_s is not None
         assert not ck.wait(timeout_s=0.2)
