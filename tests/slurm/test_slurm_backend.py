@@ -206,12 +206,9 @@ def _node_of_rank(job: JobInfo, rank: int) -> str:
 
 
 def _assert_drained(c: SlurmCluster, node: str, words: str) -> None:
-    n = wait_until(
-        lambda: "DRAIN" in (x := c.slurm.node(node))["state_flags"] and x,
-        timeout_s=30,
-        what=f"{node} drained in Slurm",
-    )
-    assert "trainpod" in n["reason"] and words in n["reason"], n["reason"]
+    c.slurm.wait_node(node, lambda s: "DRAIN" in s.split("+"), timeout_s=30)
+    reason = c.slurm.node(node)["reason"]
+    assert "trainpod" in reason and words in reason, reason
 
 
 @pytest.mark.timeout(180)
@@ -341,11 +338,9 @@ def test_a_node_that_passes_the_deep_check_is_resumed_in_slurm(cluster: SlurmClu
         timeout_s=90,
         what=f"{bad} to pass its deep check",
     )
-    wait_until(
-        lambda: not cluster.slurm.node(bad)["state_flags"],
-        timeout_s=30,
-        what=f"{bad} resumed in Slurm",
-    )
+    # trainpod resumes the node in Slurm as it marks it idle: one RPC, then slurmctld's ping.
+    t = cluster.slurm.timing
+    cluster.slurm.wait_node(bad, lambda s: "+" not in s, timeout_s=t.deadline(t.rpc_s, t.respond_s))
     kinds = [k for k, _ in cluster.events()]
     assert "deep_check_finished" in kinds and "node_repaired" in kinds, kinds
     cluster.client.cancel(job.id)
