@@ -302,3 +302,22 @@ def test_a_beacon_for_a_rank_the_attempt_does_not_have_is_ignored(make: Make) ->
     assert (info.state, info.attempts[0].state) == ("running", "running")
     assert not c.events("straggler_detected")
     assert attempt_id == c.attempt_id(job)
+
+
+def test_a_hang_of_rank_0_names_its_node(make: Make) -> None:
+    c = make(hang_timeout_s=30)
+    job = c.submit(auto_resume=True)
+    c.start(job)
+    c.report(job, 1)
+    for _ in range(7):
+        c.tick(5)
+    one = c.job(job).attempts[0]
+    assert one.cause == "hang"
+    assert one.failure["reason"].startswith("rank 0 ")
+    assert (one.failure["rank"], one.failure["node"], one.failure["nodes"]) == (
+        0,
+        "workers-0",
+        ["workers-0"],
+    )
+    (fault,) = c.events("fault_detected", job_id=job)
+    assert fault.node == "workers-0"

@@ -197,21 +197,36 @@ def wait_node(cluster: Cluster, node: str, state: str, timeout_s: float = 45) ->
 def check_replaced_and_repaired(t: Training, bad: str, since: float, lost: bool = False) -> None:
     """``bad`` was quarantined (after being suspect, if ``lost``), the spare took its place,
     and the backend replaced ``bad`` with a fresh instance that passed the deep check and is
-    back in the pool."""
-    wait_node(t.cluster, bad, "idle")
+    back in the pool.
+
+    On a loaded machine one round of repair may fail (a deep check's device process starved
+    past its grace): the node is then quarantined and repaired again, as designed. Such a
+    round must say why it failed; the last one must pass."""
+    wait_node(t.cluster, bad, "idle", timeout_s=90)
     suspect = ["suspect"] if lost else []
-    assert node_moves(t.cluster, bad, since) == [
+    moves = node_moves(t.cluster, bad, since)
+    node_evs = [e for e in t.client.events(node=bad) if e.ts >= since]
+    failed = [
+        e.data["reason"]
+        for e in node_evs
+        if e.kind == "node_state"
+        and e.data["old"] == "repairing"
+        and e.data["new"] == "quarantined"
+    ]
+    assert moves == [
         "allocated",
         *suspect,
         "quarantined",
+        *["repairing", "quarantined"] * len(failed),
         "repairing",
         "idle",
-    ]
-    node_evs = [e for e in t.client.events(node=bad) if e.ts >= since]
+    ], (moves, failed)
+    assert len(failed) <= 1, f"more than one failed repair round: {failed}"
+    assert all(r.startswith("repair 1 failed: ") for r in failed), failed
     kinds = [e.kind for e in node_evs]
     assert "deep_check_started" in kinds and "node_repaired" in kinds
-    (deep,) = [e for e in node_evs if e.kind == "deep_check_finished"]
-    assert deep.data["status"] == "ok", deep.data
+    deeps = [e for e in node_evs if e.kind == "deep_check_finished"]
+    assert deeps and deeps[-1].data["status"] == "ok", [d.data for d in deeps]
     registered = [e for e in node_evs if e.kind == "agent_registered"]
     assert registered and registered[-1].data["restarted"] is True  # a new instance
     assert node_moves(t.cluster, "spares-0", since) == ["idle", "allocated", "idle"]

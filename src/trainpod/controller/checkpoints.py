@@ -139,8 +139,4 @@ class CheckpointEvents:
 def active_jobs(store: Store, node: str) -> list[int]:
     """Jobs that have not ended and have run (or run) on ``node``: their shared-memory
     checkpoints must stay there (an in-job restart may come back to the node)."""
-    return sorted(
-        job_id
-        for job_id in store.job_ids(_LIVE)
-        if any(node in a.nodes for a in store.attempts(job_id))
-    )
+    return store.live_jobs_on(node, _LIVE)

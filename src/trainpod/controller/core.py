@@ -253,8 +253,13 @@ class Controller:
     def beat(self, hb: Heartbeat) -> tuple[Orders, int]:
         """Record an agent's report; its orders now and the version they were made at."""
         with self._lock:
+            before = self.store.appended
             with self.store.transaction():
                 self.intake.apply(hb, self.clock.now())
+            if self.store.appended != before:
+                # Something happened (every change writes an event): wake the loop and the
+                # parked polls. A beat that only says "still here" wakes nobody, or a
+                # thousand agents would each wake the thousand others every second.
                 self.wake.bump()
             return self.orders.for_node(hb.node), self.wake.version
 

@@ -112,7 +112,7 @@ class Watchdog:
             )
             if hung is not None:
                 reason, fault_at, rank = hung
-                where = {r.rank: r.node for r in ranks}.get(rank or -1)
+                where = {r.rank: r.node for r in ranks}.get(rank) if rank is not None else None
                 failure = Failure(
                     reason=reason,
                     fault_at=fault_at,

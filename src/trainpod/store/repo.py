@@ -62,6 +62,9 @@ class Store:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self._depth = 0
+        self.appended = 0
+        """Events appended through this store so far: a caller compares it before and after
+        a change to know whether anything happened (every state change writes an event)."""
 
     @classmethod
     def open(cls, path: Path | str) -> Store:
@@ -138,6 +141,7 @@ class Store:
             "INSERT INTO events(ts, kind, node, job_id, attempt, data) VALUES(?,?,?,?,?,?)",
             (ts, kind, node, job_id, attempt, json.dumps(data, sort_keys=True, default=str)),
         )
+        self.appended += 1
         return int(cur.lastrowid or 0)
 
     def events(
@@ -374,6 +378,16 @@ class Store:
             rank = RankRow.from_sql(r)
             out[rank.attempt_id].append(rank)
         return out
+
+    def live_jobs_on(self, node: str, states: Sequence[JobState]) -> list[int]:
+        """Jobs in ``states`` with an attempt that ran (or runs) on ``node``, in one query."""
+        rows = self._conn.execute(
+            "SELECT DISTINCT a.job_id FROM attempts a JOIN jobs j ON j.id = a.job_id "
+            f"WHERE j.state IN ({','.join('?' * len(states))}) "
+            "AND EXISTS (SELECT 1 FROM json_each(a.nodes) n WHERE n.value = ?) ORDER BY a.job_id",
+            [*(s.value for s in states), node],
+        )
+        return [int(r[0]) for r in rows]
 
     def update_attempt(self, attempt_id: int, **fields: Any) -> None:
         sets, args = _sets(fields, _ATTEMPT_COLUMNS)
