@@ -5,6 +5,7 @@ job's shared memory when the job ends."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import os, sys, torch, torch.distributed as dist, trainpod
 dist.init_process_group("gloo")
 rank, attempt = dist.get_rank(), int(os.environ["TRAINPOD_ATTEMPT"])
 ck = trainpod.Checkpointer(every=2)  # every location comes from the environment
+print(f"memory={ck.layout.memory.parent}", flush=True)
 print(f"rank={rank} tiers={[t.name for t in ck.tiers]} agent={ck.agent is not None}", flush=True)
 state = {"w": torch.zeros(64), "step": -1}
 start = ck.load_latest(state)
@@ -71,9 +73,9 @@ def test_crash_and_in_job_restart_resume_from_the_memory_tier(cluster: Cluster) 
         saved = [e for e in cluster.client.events(job_id=job.id) if e.kind == "checkpoint_saved"]
         assert [(e.attempt, e.data["step"]) for e in saved] == [(1, 0), (1, 2), (1, 4), (2, 6)]
         assert all(e.data["stall_s"] > 0 for e in saved)
-        wait_memory_gone(job.id)  # the job ended: its agents removed its shared memory
+        wait_memory_gone(cluster, job.id)  # the job ended: its agents removed its shared memory
     finally:
-        remove_memory(job.id)
+        remove_memory(cluster, job.id)
 
 
 def checkpoint_events(cluster: Cluster, job_id: int) -> set[tuple[str, Any, Any, Any]]:
@@ -84,16 +86,22 @@ def checkpoint_events(cluster: Cluster, job_id: int) -> set[tuple[str, Any, Any,
     }
 
 
-def memory_dirs(job_id: int) -> list[Path]:
-    return list(Path("/dev/shm/trainpod").glob(f"job-{job_id}-*"))
+def memory_dir(cluster: Cluster, job_id: int) -> Path | None:
+    """The job's shared-memory dir as its rank 0 printed it; None before it did. Not a glob
+    on the job id: ids restart at 1 in every cluster and /dev/shm is the whole machine's, so
+    the jobs of other clusters (other test sessions' too) have the same prefix."""
+    m = re.search(r"^memory=(.+)$", cluster.client.logs(job_id, rank=0).data, re.MULTILINE)
+    return Path(m.group(1)) if m else None
 
 
-def wait_memory_gone(job_id: int) -> None:
-    wait_until(lambda: not memory_dirs(job_id), timeout_s=60, what=f"job {job_id}'s shm gone")
+def wait_memory_gone(cluster: Cluster, job_id: int) -> None:
+    d = wait_until(lambda: memory_dir(cluster, job_id), what=f"job {job_id}'s memory dir")
+    wait_until(lambda: not d.exists(), timeout_s=60, what=f"job {job_id}'s {d} gone")
 
 
-def remove_memory(job_id: int) -> None:
-    for d in memory_dirs(job_id):
+def remove_memory(cluster: Cluster, job_id: int) -> None:
+    d = memory_dir(cluster, job_id)
+    if d is not None:
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -109,6 +117,7 @@ def die_after_the_memory_commit(event, step):
 # 1 MiB per rank at 1 MB/s to peer and durable: the uploads outlive the worker by far.
 ck = trainpod.Checkpointer(every=2, bandwidth_bps=1e6, on_event=die_after_the_memory_commit)
 assert ck.agent is not None
+print(f"memory={ck.layout.memory.parent}", flush=True)
 state = {"w": torch.zeros(256 * 1024)}
 for step in range(3):
     state["w"].fill_(step)
@@ -123,6 +132,7 @@ import time, torch, torch.distributed as dist, trainpod
 
 dist.init_process_group("gloo")
 ck = trainpod.Checkpointer(every=1)
+print(f"memory={ck.layout.memory.parent}", flush=True)
 ck.save(1, {"w": torch.ones(1024)})
 assert ck.wait(60)
 print("committed", ck.progress().committed, flush=True)
@@ -162,7 +172,7 @@ def test_the_agent_uploads_after_the_worker_was_killed_and_cleans_up(cluster: Cl
         steps = [e.data["step"] for e in committed]
         assert 2 in steps and len(steps) == len(set(steps)), steps
         assert committed[-1].data["by"] in ("workers-0", "workers-1")
-        wait_memory_gone(job.id)
+        wait_memory_gone(cluster, job.id)
 
         # A cancelled job's shared memory goes too (after its persisters finished).
         cancelled = cluster.submit(["python", "wait.py"], nodes=2, procs_per_node=1).id
@@ -171,12 +181,13 @@ def test_the_agent_uploads_after_the_worker_was_killed_and_cleans_up(cluster: Cl
             timeout_s=90,
             what="the second job's commit",
         )
-        assert memory_dirs(cancelled)
+        d = memory_dir(cluster, cancelled)
+        assert d is not None and d.exists(), d
         cluster.client.cancel(cancelled)
         assert cluster.wait_job(cancelled).state == "cancelled"
-        wait_memory_gone(cancelled)
+        wait_memory_gone(cluster, cancelled)
         assert (durable / f"job-{cancelled}" / "step-0000000001" / "manifest.json").exists()
     finally:
-        remove_memory(job.id)
+        remove_memory(cluster, job.id)
         if cancelled is not None:
-            remove_memory(cancelled)
+            remove_memory(cluster, cancelled)
