@@ -165,6 +165,7 @@ def test_damaged_object_falls_back_to_the_previous_step(
     assert any("step 2" in r and why in r for r in reasons), reasons
 
 
+@pytest.mark.timeout(120)
 def test_store_down_during_saves_then_the_newest_step_lands(tmp_path: Path, s3: S3Server) -> None:
     with checkpointer(tmp_path / "a", s3, retry_base_s=0.05) as ck:
         ck.save(1, make_state(1))

@@ -119,6 +119,7 @@ def test_standalone_run_writes_checkpoints(nine_step_run: tuple[Path, str]) -> N
     assert summary["world_size"] == 1
 
 
+@pytest.mark.timeout(120)
 def test_resume_after_a_crash_ends_bitwise_as_the_uninterrupted_run(
     nine_step_run: tuple[Path, str], tmp_path: Path
 ) -> None:

@@ -350,6 +350,7 @@ def _trainpod_node(c: SlurmCluster, name: str) -> NodeInfo:
     return next(n for n in c.client.nodes() if n.name == name)
 
 
+@pytest.mark.timeout(120)
 def test_alloc_runs_the_job_under_salloc_in_the_foreground(cluster: SlurmCluster) -> None:
     code = "import os; print('hello from rank', os.environ['RANK'], os.environ['TRAINPOD_NODE'])"
     out = cluster.cli("alloc", "-N", "2", "-p", "1", "--", sys.executable, "-c", code)
@@ -363,6 +364,7 @@ def test_alloc_runs_the_job_under_salloc_in_the_foreground(cluster: SlurmCluster
     )  # the salloc allocation ended
 
 
+@pytest.mark.timeout(120)
 def test_jobs_get_whole_nodes_so_two_small_jobs_run_side_by_side(cluster: SlurmCluster) -> None:
     jobs = [cluster.train(10, nodes=1) for _ in range(3)]
     done = [cluster.wait_job(j.id) for j in jobs]
