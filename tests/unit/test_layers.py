@@ -50,13 +50,19 @@ def imports(path: Path) -> list[tuple[int, str]]:
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module == "trainpod":
-                out += [(node.lineno, f"trainpod.{a.name}") for a in node.names]
-            elif node.module.startswith("trainpod."):
-                out.append((node.lineno, node.module))
+            if node.module == "trainpod" or node.module.startswith("trainpod."):
+                # ``from trainpod.api import models`` imports the module trainpod.api.models
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    out.append((node.lineno, sub if is_module(sub) else node.module))
         elif isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names if a.name.startswith("trainpod.")]
     return out
+
+
+def is_module(name: str) -> bool:
+    path = SRC.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
 
 
 def module_name(path: Path) -> str:

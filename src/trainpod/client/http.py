@@ -12,19 +12,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from trainpod.api.models import (
-    ChaosOrder,
-    ChaosRequest,
-    ClusterInfo,
-    EventInfo,
-    Heartbeat,
-    JobInfo,
-    LaunchPlan,
-    LogChunk,
-    NodeAction,
-    NodeInfo,
-    Orders,
-)
+from trainpod.api import models as wire
 from trainpod.errors import (
     Conflict,
     ControllerUnavailable,
@@ -36,6 +24,19 @@ from trainpod.errors import (
 from trainpod.spec.job import JobSpec
 
 _T = TypeVar("_T")
+
+# One adapter per reply type, built once (not on every call, every heartbeat included).
+_CLUSTER = TypeAdapter(wire.ClusterInfo)
+_NODES = TypeAdapter(list[wire.NodeInfo])
+_NODE = TypeAdapter(wire.NodeInfo)
+_CHAOS = TypeAdapter(wire.ChaosOrder)
+_DOC = TypeAdapter(dict[str, Any])
+_JOB = TypeAdapter(wire.JobInfo)
+_JOBS = TypeAdapter(list[wire.JobInfo])
+_PLAN = TypeAdapter(wire.LaunchPlan)
+_LOGS = TypeAdapter(wire.LogChunk)
+_EVENTS = TypeAdapter(list[wire.EventInfo])
+_ORDERS = TypeAdapter(wire.Orders)
 _ERRORS: dict[str, type[TrainpodError]] = {
     "SpecError": SpecError,
     "NotFound": NotFound,
@@ -66,12 +67,12 @@ class TrainpodClient:
         self,
         method: str,
         path: str,
-        kind: Any,
+        reply: TypeAdapter[_T],
         *,
         body: BaseModel | None = None,
         params: dict[str, Any] | None = None,
         timeout_s: float | None = None,
-    ) -> Any:
+    ) -> _T:
         try:
             resp = self._http.request(
                 method,
@@ -89,46 +90,46 @@ class TrainpodClient:
             ) from exc
         if resp.status_code >= 400:
             raise _error(resp)
-        return TypeAdapter(kind).validate_json(resp.content)
+        return reply.validate_json(resp.content)
 
     # -- cluster and nodes ------------------------------------------------------------------
-    def cluster(self) -> ClusterInfo:
-        return self._call("GET", "/v1/cluster", ClusterInfo)  # type: ignore[no-any-return]
+    def cluster(self) -> wire.ClusterInfo:
+        return self._call("GET", "/v1/cluster", _CLUSTER)
 
-    def nodes(self) -> list[NodeInfo]:
-        return self._call("GET", "/v1/nodes", list[NodeInfo])  # type: ignore[no-any-return]
+    def nodes(self) -> list[wire.NodeInfo]:
+        return self._call("GET", "/v1/nodes", _NODES)
 
-    def node_action(self, name: str, action: NodeAction) -> NodeInfo:
-        return self._call("POST", f"/v1/nodes/{name}/actions", NodeInfo, body=action)  # type: ignore[no-any-return]
+    def node_action(self, name: str, action: wire.NodeAction) -> wire.NodeInfo:
+        return self._call("POST", f"/v1/nodes/{name}/actions", _NODE, body=action)
 
-    def chaos(self, req: ChaosRequest) -> ChaosOrder:
-        return self._call("POST", "/v1/chaos", ChaosOrder, body=req)  # type: ignore[no-any-return]
+    def chaos(self, req: wire.ChaosRequest) -> wire.ChaosOrder:
+        return self._call("POST", "/v1/chaos", _CHAOS, body=req)
 
     def goodput(self, job_id: int) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}/goodput", dict[str, Any])  # type: ignore[no-any-return]
+        return self._call("GET", f"/v1/jobs/{job_id}/goodput", _DOC)
 
     # -- jobs -------------------------------------------------------------------------------
-    def submit(self, spec: JobSpec) -> JobInfo:
-        return self._call("POST", "/v1/jobs", JobInfo, body=spec)  # type: ignore[no-any-return]
+    def submit(self, spec: JobSpec) -> wire.JobInfo:
+        return self._call("POST", "/v1/jobs", _JOB, body=spec)
 
-    def plan(self, spec: JobSpec) -> LaunchPlan:
-        return self._call("POST", "/v1/jobs:plan", LaunchPlan, body=spec)  # type: ignore[no-any-return]
+    def plan(self, spec: JobSpec) -> wire.LaunchPlan:
+        return self._call("POST", "/v1/jobs:plan", _PLAN, body=spec)
 
-    def jobs(self, *, include_ended: bool = True, limit: int | None = None) -> list[JobInfo]:
+    def jobs(self, *, include_ended: bool = True, limit: int | None = None) -> list[wire.JobInfo]:
         params = {"all": include_ended, "limit": limit}
-        return self._call("GET", "/v1/jobs", list[JobInfo], params=params)  # type: ignore[no-any-return]
+        return self._call("GET", "/v1/jobs", _JOBS, params=params)
 
-    def job(self, job_id: int) -> JobInfo:
-        return self._call("GET", f"/v1/jobs/{job_id}", JobInfo)  # type: ignore[no-any-return]
+    def job(self, job_id: int) -> wire.JobInfo:
+        return self._call("GET", f"/v1/jobs/{job_id}", _JOB)
 
-    def cancel(self, job_id: int) -> JobInfo:
-        return self._call("POST", f"/v1/jobs/{job_id}/cancel", JobInfo)  # type: ignore[no-any-return]
+    def cancel(self, job_id: int) -> wire.JobInfo:
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel", _JOB)
 
     def logs(
         self, job_id: int, *, rank: int = 0, attempt: int | None = None, offset: int = 0
-    ) -> LogChunk:
+    ) -> wire.LogChunk:
         params = {"rank": rank, "attempt": attempt, "offset": offset}
-        return self._call("GET", f"/v1/jobs/{job_id}/logs", LogChunk, params=params)  # type: ignore[no-any-return]
+        return self._call("GET", f"/v1/jobs/{job_id}/logs", _LOGS, params=params)
 
     def events(
         self,
@@ -137,14 +138,14 @@ class TrainpodClient:
         node: str | None = None,
         after: int = 0,
         limit: int | None = None,
-    ) -> list[EventInfo]:
+    ) -> list[wire.EventInfo]:
         params = {"job": job_id, "node": node, "after": after, "limit": limit}
-        return self._call("GET", "/v1/events", list[EventInfo], params=params)  # type: ignore[no-any-return]
+        return self._call("GET", "/v1/events", _EVENTS, params=params)
 
     # -- agents -----------------------------------------------------------------------------
-    def heartbeat(self, hb: Heartbeat) -> Orders:
-        return self._call(  # type: ignore[no-any-return]
-            "POST", "/v1/agent/heartbeat", Orders, body=hb, timeout_s=hb.wait_s + 15.0
+    def heartbeat(self, hb: wire.Heartbeat) -> wire.Orders:
+        return self._call(
+            "POST", "/v1/agent/heartbeat", _ORDERS, body=hb, timeout_s=hb.wait_s + 15.0
         )
 
 
