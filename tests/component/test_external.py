@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from trainpod.api.models import HealthResult, JobInfo, NodeInfo
+from trainpod.api.models import HealthResult, JobInfo, NodeAction, NodeInfo
 from trainpod.controller.core import Controller
 from trainpod.controller.ops import ClusterOps, ExternalJob, ExternalNode, Observed
 from trainpod.errors import SpecError
+from trainpod.slurm.cli import SlurmError
 from trainpod.slurm.scheduling import slurm_scheduling
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
@@ -27,6 +28,7 @@ class FakeSlurm(ClusterOps):
     def __init__(self) -> None:
         self.calls: list[tuple[str, ...]] = []
         self.next_id = 100
+        self.refuse_resume: list[SlurmError] = []  # raised, one per call, before resuming
 
     def render(self, job_id: int, spec: JobSpec) -> str:
         return f"#!/bin/bash\n# job {job_id}: {spec.nodes}+{spec.spares}\n"
@@ -49,6 +51,8 @@ class FakeSlurm(ClusterOps):
         self.calls.append(("release", external))
 
     def resume(self, node: str) -> None:
+        if self.refuse_resume:
+            raise self.refuse_resume.pop()
         self.calls.append(("resume", node))
 
 
@@ -307,3 +311,17 @@ def test_a_slurm_job_that_outlives_its_trainpod_job_is_cancelled(s: Slurmish) ->
     s.controller.observe(running)
     assert s.ops.calls.count(("cancel", "101")) == 1
     assert "external_reaped" in s.kinds(job)
+
+
+def test_a_resume_slurm_refused_is_retried_until_it_takes(s: Slurmish) -> None:
+    job = s.submit(2)
+    s.allocate(job, ["node1", "node2"])
+    s.ops.refuse_resume = [SlurmError("scontrol: error: Socket timed out on send/recv")]
+    s.controller.node_action("node1", NodeAction(action="resume", reason="fixed"))
+    (error,) = [e for e in s.controller.event_infos() if e.kind == "external_error"]
+    assert error.data["action"] == "resume" and "timed out" in error.data["error"]
+    drained = ExternalNode("node1", "IDLE", frozenset({"DRAIN"}))
+    s.controller.observe(Observed(jobs={}, nodes={"node1": drained}))
+    assert s.ops.calls.count(("resume", "node1")) == 1  # the retry took
+    s.controller.observe(Observed(jobs={}, nodes={"node1": replace(drained, flags=frozenset())}))
+    assert s.ops.calls.count(("resume", "node1")) == 1  # and is not repeated

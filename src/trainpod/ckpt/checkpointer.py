@@ -216,6 +216,10 @@ class Checkpointer:
         self._stall_ema = stall if self._stall_ema is None else 0.7 * self._stall_ema + 0.3 * stall
         step_time = self.step_time_s()
         proposal = (self._stall_ema, step_time) if step_time is not None else None
+        # The interval agreed at the previous save, read before this one is handed to the
+        # writer: it agrees on this save's proposal in the background, and a rank that read
+        # after it had would disagree with one that read before on the next save's step.
+        interval = self._agreed_interval() if self.every is None else None
         self._pipe.submit(Snapshot(step, staged, proposal, stall))
         stall = time.perf_counter() - t0
         self.last_stall_s = stall
@@ -223,7 +227,6 @@ class Checkpointer:
         self._saved_step = step
         metrics: dict[str, float | int] = {"checkpoint_stall_s": stall}
         if self.every is None:
-            interval = self._agreed_interval()
             self._next_due = step + (interval or AUTO_WARMUP_STEPS)
             if interval is not None:
                 metrics["checkpoint_interval_steps"] = interval

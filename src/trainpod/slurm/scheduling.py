@@ -61,6 +61,7 @@ class SlurmScheduling(Scheduling):
         """Agents of a requeued or ended allocation: told to leave, never used."""
         self._reaped: set[int] = set()  # jobs whose orphaned Slurm job was cancelled
         self._released: set[tuple[int, str]] = set()  # Slurm holds already released
+        self._unresumed: set[str] = set()  # nodes whose resume in Slurm failed: retried
 
     def _call(
         self,
@@ -195,7 +196,23 @@ class SlurmScheduling(Scheduling):
         self._call("drain", now, self.ops.drain, node, reason, node=node)
 
     def resume(self, node: str, now: float) -> None:
-        self._call("resume", now, self.ops.resume, node, node=node)
+        """Resume the node in Slurm; a refusal (slurmctld busy) is retried on each look at
+        Slurm until it takes, or the node is out of service here again."""
+        if self._call("resume", now, self.ops.resume, node, node=node):
+            self._unresumed.discard(node)
+        else:
+            self._unresumed.add(node)
+
+    def _retry_resumes(self, obs: Observed, now: float) -> None:
+        for name in sorted(self._unresumed):
+            row = self.store.node(name)
+            seen = obs.nodes.get(name)
+            if row is None or row.state in HELD_NODE_STATES or row.drained:
+                self._unresumed.discard(name)  # out of service here: nothing to resume
+            elif seen is not None and "DRAIN" not in seen.flags and seen.state != "DRAIN":
+                self._unresumed.discard(name)  # Slurm has it back already
+            else:
+                self.resume(name, now)
 
     # -- recovery ---------------------------------------------------------------------------
     def requeue(self, job: JobRow, attempt: AttemptRow, bad: list[str], now: float) -> str | None:
@@ -261,6 +278,7 @@ class SlurmScheduling(Scheduling):
                 self._requeued_by_slurm(job, ext.restarts, now)
             elif job.state is JobState.QUEUED and ext.state == "PENDING":
                 self._pending(job, ext.id, ext.reason, now)
+        self._retry_resumes(obs, now)
         ended = self._reap_orphans(obs, now)
         # Forget the jobs Slurm no longer reports.
         self._reaped &= ended
