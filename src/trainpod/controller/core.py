@@ -129,7 +129,13 @@ class Controller:
             self.clock,
         )
         self.views = Views(
-            store, self.tx, self._lock, self.beacons, self.checkpoints, lambda: self.executor.holds
+            store,
+            self.tx,
+            self._lock,
+            self.beacons,
+            self.checkpoints,
+            lambda: self.executor.holds,
+            self.clock.now,
         )
         self.admission = Admission(config, self.tx, self.scheduling)
         self.planner = Planner(store, config, self.tx, self.scheduling, self.executor)
@@ -362,6 +368,10 @@ class Controller:
 
     def job_infos(self, include_ended: bool = True, limit: int | None = None) -> list[JobInfo]:
         return self.views.jobs(include_ended, limit)
+
+    def jobs_json(self, include_ended: bool = True, limit: int | None = None) -> bytes:
+        """:meth:`job_infos` serialised, as ``GET /v1/jobs`` sends it (ended jobs cached)."""
+        return self.views.jobs_json(include_ended, limit)
 
     def event_infos(
         self,

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from trainpod.api.models import AttemptInfo, EventInfo, JobInfo, NodeInfo, RankInfo
 from trainpod.controller import progress
 from trainpod.controller.books import BeaconBook
@@ -22,6 +24,11 @@ from trainpod.model.states import JobState
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow, JobRow, NodeRow, RankRow
+
+FROZEN_AFTER_S = 60.0
+"""An ended job's row no longer changes (late reports from its agents arrive within seconds)."""
+FROZEN_MAX = 100_000  # ended jobs whose JSON is kept (about 1 KB each)
+_JOB = TypeAdapter(JobInfo)
 
 
 class Views:
@@ -33,6 +40,7 @@ class Views:
         beacons: BeaconBook,
         checkpoints: CheckpointEvents,
         holds: Callable[[], dict[int, str]],
+        now: Callable[[], float],
     ) -> None:
         self.store = store
         self.tx = tx
@@ -40,6 +48,9 @@ class Views:
         self.beacons = beacons
         self.checkpoints = checkpoints
         self._holds = holds
+        self._now = now
+        self._frozen: dict[int, tuple[float, bytes]] = {}
+        """Ended jobs' JSON by id, with the ``updated_at`` it was made from."""
 
     def nodes(self) -> list[NodeInfo]:
         with self._lock:
@@ -50,6 +61,31 @@ class Views:
         with self._lock:
             rows = self._read([self.tx.job(job_id)])
         return _build(rows)[0]
+
+    def jobs_json(self, include_ended: bool = True, limit: int | None = None) -> bytes:
+        """:meth:`jobs` as the JSON the API sends, with what cannot change any more cached:
+        a job that ended more than FROZEN_AFTER_S ago is serialised once, so a dashboard
+        listing ten thousand jobs rebuilds only the live ones."""
+        states = None if include_ended else [s for s in JobState if not s.ended]
+        with self._lock:
+            now = self._now()
+            heads = self.store.job_heads(states, limit=limit)
+            stale = [
+                job_id
+                for job_id, state, updated_at, _ in heads
+                if self._frozen.get(job_id, (None, b""))[0] != updated_at
+            ]
+            rows = self._read(self.store.jobs_by_id(stale))
+        fresh = {info.id: _JOB.dump_json(info) for info in _build(rows)}
+        for job_id, state, updated_at, ended_at in heads:
+            old_enough = ended_at is None or now - ended_at > FROZEN_AFTER_S
+            if job_id in fresh and state.ended and old_enough:
+                self._frozen[job_id] = (updated_at, fresh[job_id])
+        parts = [fresh.get(j) or self._frozen[j][1] for j, *_ in heads]
+        if len(self._frozen) > FROZEN_MAX:  # keep the newest: dashboards list recent jobs
+            for job_id in sorted(self._frozen)[: len(self._frozen) - FROZEN_MAX]:
+                del self._frozen[job_id]
+        return b"[" + b",".join(parts) + b"]"
 
     def jobs(self, include_ended: bool = True, limit: int | None = None) -> list[JobInfo]:
         states = None if include_ended else [s for s in JobState if not s.ended]

@@ -30,27 +30,37 @@ from typing import Any
 _META = ("nulls", "extra")
 
 
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _names(cls: type[Failure] | type[RepairState]) -> tuple[str, ...]:
+    """The record fields of ``cls`` (not ``nulls``/``extra``), computed once per class:
+    ``dataclasses.fields`` is slow enough to dominate listing ten thousand jobs."""
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in fields(cls) if f.name not in _META)
+    return names
+
+
 def _to_json(record: Failure | RepairState) -> dict[str, Any]:
     out: dict[str, Any] = dict(record.extra)
-    for f in fields(record):
-        if f.name in _META:
-            continue
-        value = getattr(record, f.name)
+    for name in _names(type(record)):
+        value = getattr(record, name)
         if value is None:
-            if f.name in record.nulls:
-                out[f.name] = None
+            if name in record.nulls:
+                out[name] = None
         elif isinstance(value, Classified):
-            out[f.name] = value.to_json()
+            out[name] = value.to_json()
         elif isinstance(value, tuple):
-            out[f.name] = list(value)
+            out[name] = list(value)
         else:
-            out[f.name] = value
+            out[name] = value
     return dict(sorted(out.items()))
 
 
 def _split(cls: type[Failure] | type[RepairState], data: dict[str, Any]) -> dict[str, Any]:
     """The constructor's keyword arguments for ``data``: known keys, ``nulls`` and ``extra``."""
-    known = {f.name for f in fields(cls)} - set(_META)
+    known = _names(cls)
     kw: dict[str, Any] = {}
     nulls: set[str] = set()
     extra: dict[str, Any] = {}

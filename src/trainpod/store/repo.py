@@ -271,6 +271,32 @@ class Store:
             args.append(limit)
         return [JobRow.from_sql(r) for r in self._conn.execute(sql, args)]
 
+    def job_heads(
+        self, states: Sequence[JobState] | None = None, limit: int | None = None
+    ) -> list[tuple[int, JobState, float, float | None]]:
+        """(id, state, updated_at, ended_at) of the jobs :meth:`jobs` would return, in the
+        same order, without reading their specs: list views decide what to rebuild."""
+        sql = "SELECT id, state, updated_at, ended_at FROM jobs"
+        args: list[Any] = []
+        if states is not None:
+            sql += f" WHERE state IN ({','.join('?' * len(states))})"
+            args.extend(s.value for s in states)
+        sql += " ORDER BY id"
+        if limit is not None:
+            sql = f"SELECT * FROM ({sql} DESC LIMIT ?) ORDER BY id"
+            args.append(limit)
+        return [(int(r[0]), JobState(r[1]), r[2], r[3]) for r in self._conn.execute(sql, args)]
+
+    def jobs_by_id(self, job_ids: Sequence[int]) -> list[JobRow]:
+        """The jobs ``job_ids`` in one query, by id."""
+        if not job_ids:
+            return []
+        rows = self._conn.execute(
+            "SELECT j.* FROM jobs j JOIN json_each(?) i ON j.id = i.value ORDER BY j.id",
+            (json.dumps(list(job_ids)),),
+        )
+        return [JobRow.from_sql(r) for r in rows]
+
     def job_ids(self, states: Sequence[JobState]) -> list[int]:
         """Ids of the jobs in ``states``, oldest first (no spec parsing)."""
         rows = self._conn.execute(
