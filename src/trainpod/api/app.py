@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trainpod.api.models import (
     ChaosOrder,
@@ -50,21 +51,7 @@ def create_app(
         redoc_url=None,
     )
 
-    @app.middleware("http")
-    async def auth(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        header = request.headers.get("authorization", "")
-        token = header[7:] if header.lower().startswith("bearer ") else ""
-        admin = bool(token) and secrets.compare_digest(token, admin_token)
-        agent = bool(token) and secrets.compare_digest(token, agent_token)
-        if not (admin or (agent and request.url.path.startswith("/v1/agent/"))):
-            return JSONResponse(
-                {"error": "Unauthorized", "message": "a valid bearer token is required; "
-                 "the CLI reads it from the cluster's state dir (admin.token)"},
-                status_code=401,
-            )  # fmt: skip
-        return await call_next(request)
+    app.add_middleware(BearerAuth, admin_token=admin_token, agent_token=agent_token)
 
     @app.exception_handler(TrainpodError)
     async def trainpod_error(_: Request, exc: TrainpodError) -> JSONResponse:
@@ -151,6 +138,36 @@ def create_app(
         return Response(content=body, media_type="application/json")  # built: not re-checked
 
     return app
+
+
+class BearerAuth:
+    """Every call needs a bearer token: the admin token opens everything, the agents' token
+    only ``/v1/agent/``. A plain ASGI middleware: Starlette's ``@app.middleware("http")``
+    wraps every request and response in extra streams and tasks, a cost paid by every
+    heartbeat of every agent."""
+
+    def __init__(self, app: ASGIApp, *, admin_token: str, agent_token: str) -> None:
+        self.app = app
+        self._admin = admin_token.encode()
+        self._agent = agent_token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        token = header[7:] if header[:7].lower() == b"bearer " else b""
+        admin = bool(token) and secrets.compare_digest(token, self._admin)
+        agent = bool(token) and secrets.compare_digest(token, self._agent)
+        if admin or (agent and str(scope["path"]).startswith("/v1/agent/")):
+            await self.app(scope, receive, send)
+            return
+        refused = JSONResponse(
+            {"error": "Unauthorized", "message": "a valid bearer token is required; "
+             "the CLI reads it from the cluster's state dir (admin.token)"},
+            status_code=401,
+        )  # fmt: skip
+        await refused(scope, receive, send)
 
 
 def _read_from(path: Path, offset: int) -> tuple[str, int]:

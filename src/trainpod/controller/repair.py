@@ -42,7 +42,7 @@ class NodeRepair:
 
     def step(self, now: float) -> None:
         """Start requested repairs; fail those that took too long."""
-        for node in self.store.nodes():
+        for node in self.store.nodes_in([NodeState.QUARANTINED, NodeState.REPAIRING]):
             rep = node.repair
             if node.state is NodeState.QUARANTINED and rep.requested:
                 if node.job_id is not None:

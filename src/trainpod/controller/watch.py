@@ -35,7 +35,7 @@ class Watchdog:
     def liveness(self, now: float) -> None:
         """A node whose agent went silent for heartbeat_timeout_s is lost with its ranks."""
         timeout = self.cfg.heartbeat_timeout_s
-        for node in self.store.nodes():
+        for node in self.store.silent_nodes(now - timeout):
             if node.last_heartbeat is None or node.agent_id is None:
                 continue
             if now - node.last_heartbeat <= timeout:

@@ -235,6 +235,21 @@ class Store:
     def nodes(self) -> list[NodeRow]:
         return [NodeRow.from_sql(r) for r in self._conn.execute("SELECT * FROM nodes")]
 
+    def nodes_in(self, states: Sequence[NodeState]) -> list[NodeRow]:
+        """The nodes in ``states`` (the reconcile loop's passes look at few of many)."""
+        rows = self._conn.execute(
+            f"SELECT * FROM nodes WHERE state IN ({','.join('?' * len(states))})",
+            [s.value for s in states],
+        )
+        return [NodeRow.from_sql(r) for r in rows]
+
+    def silent_nodes(self, since: float) -> list[NodeRow]:
+        """Nodes with an agent whose last heartbeat is older than ``since``."""
+        rows = self._conn.execute(
+            "SELECT * FROM nodes WHERE agent_id IS NOT NULL AND last_heartbeat < ?", (since,)
+        )
+        return [NodeRow.from_sql(r) for r in rows]
+
     def update_node(self, name: str, ts: float, **fields: Any) -> None:
         sets, args = _sets(fields, _NODE_COLUMNS)
         self._conn.execute(
