@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from trainpod.api.models import Heartbeat, LifecycleResult
+from trainpod.controller.transitions import HELD_NODE_STATES
 from trainpod.model.states import NodeState
 from trainpod.store.rows import NodeRow
-
-# States that only the recovery engine or an operator moves a node out of.
-_HELD = {NodeState.QUARANTINED, NodeState.REPAIRING, NodeState.RETIRED}
 
 
 def lifecycle_failure(results: list[LifecycleResult]) -> str:
@@ -26,7 +24,7 @@ def lifecycle_failure(results: list[LifecycleResult]) -> str:
 
 def node_state_after_heartbeat(node: NodeRow, hb: Heartbeat) -> tuple[NodeState | None, str]:
     """The state the node should be in given this heartbeat, and why; None = leave it."""
-    if node.state in _HELD:
+    if node.state in HELD_NODE_STATES:
         return None, ""
     if hb.leaving:
         return NodeState.STOPPED, "agent stopped"

@@ -275,7 +275,14 @@ class Store:
     def jobs(
         self, states: Sequence[JobState] | None = None, limit: int | None = None
     ) -> list[JobRow]:
-        sql = "SELECT * FROM jobs"
+        return [JobRow.from_sql(r) for r in self._select_jobs("*", states, limit)]
+
+    def _select_jobs(
+        self, columns: str, states: Sequence[JobState] | None, limit: int | None
+    ) -> sqlite3.Cursor:
+        """``columns`` of the jobs in ``states`` (None: all), oldest first; with ``limit``,
+        the newest ``limit`` of them."""
+        sql = f"SELECT {columns} FROM jobs"
         args: list[Any] = []
         if states is not None:
             sql += f" WHERE state IN ({','.join('?' * len(states))})"
@@ -284,23 +291,15 @@ class Store:
         if limit is not None:
             sql = f"SELECT * FROM ({sql} DESC LIMIT ?) ORDER BY id"
             args.append(limit)
-        return [JobRow.from_sql(r) for r in self._conn.execute(sql, args)]
+        return self._conn.execute(sql, args)
 
     def job_heads(
         self, states: Sequence[JobState] | None = None, limit: int | None = None
     ) -> list[tuple[int, JobState, float, float | None]]:
         """(id, state, updated_at, ended_at) of the jobs :meth:`jobs` would return, in the
         same order, without reading their specs: list views decide what to rebuild."""
-        sql = "SELECT id, state, updated_at, ended_at FROM jobs"
-        args: list[Any] = []
-        if states is not None:
-            sql += f" WHERE state IN ({','.join('?' * len(states))})"
-            args.extend(s.value for s in states)
-        sql += " ORDER BY id"
-        if limit is not None:
-            sql = f"SELECT * FROM ({sql} DESC LIMIT ?) ORDER BY id"
-            args.append(limit)
-        return [(int(r[0]), JobState(r[1]), r[2], r[3]) for r in self._conn.execute(sql, args)]
+        rows = self._select_jobs("id, state, updated_at, ended_at", states, limit)
+        return [(int(r[0]), JobState(r[1]), r[2], r[3]) for r in rows]
 
     def jobs_by_id(self, job_ids: Sequence[int]) -> list[JobRow]:
         """The jobs ``job_ids`` in one query, by id."""
