@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from trainpod.client.http import TrainpodClient
 from trainpod.paths import ClusterPaths, ClusterRecord, read_secret
 from trainpod.spec.job import JobSpec
 from trainpod.spec.loading import load_cluster_spec
-from trainpod.testing.wait import wait_until
+from trainpod.testing.wait import WaitTimeout, wait_until
 
 ENDED = {"completed", "failed", "cancelled"}
 
@@ -57,11 +57,40 @@ class Cluster:
         return self.client.submit(spec)
 
     def wait_job(self, job_id: int, states: set[str] = ENDED, timeout_s: float = 90) -> JobInfo:
-        return wait_until(
-            lambda: (j := self.client.job(job_id)).state in states and j,
-            timeout_s=timeout_s,
-            what=f"job {job_id} to reach {sorted(states)}",
-        )
+        """The job once it is in one of ``states``; on a timeout, an error that says where the
+        job and the nodes stood (its reason and attempts, every node's state)."""
+        seen: list[JobInfo] = []
+
+        def probe() -> JobInfo | None:
+            j = self.client.job(job_id)
+            seen[:] = [j]
+            return j if j.state in states else None
+
+        try:
+            what = f"job {job_id} to reach {sorted(states)}"
+            return wait_until(probe, timeout_s=timeout_s, what=what)
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}\n{self.describe(seen[0] if seen else None)}") from None
+
+    def describe(self, job: JobInfo | None = None) -> str:
+        """Where the cluster stands, for a failing test's message."""
+        lines = []
+        if job is not None:
+            attempts = [(a.number, a.state.value, a.nodes, a.cause) for a in job.attempts]
+            lines.append(f"job {job.id}: {job.state.value} ({job.reason}); attempts {attempts}")
+        for n in self.client.nodes():
+            lines.append(f"node {n.name}: {n.state.value} ({n.reason}) job={n.job_id}")
+        return "\n".join(lines)
+
+    def log_tails(self, lines: int = 40) -> str:
+        """The last lines of each of the cluster's process logs (controller, agents)."""
+        out = []
+        logs = [*self.paths.logs.glob("*.log"), *self.paths.state_dir.glob("nodes/*/agent.log")]
+        for log in sorted(logs):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            name = log.relative_to(self.paths.state_dir)
+            out.append(f"--- {name} (last {len(tail)} lines)\n" + "\n".join(tail))
+        return "\n".join(out)
 
     def wait_idle(self, timeout_s: float = 60) -> None:
         wait_until(
@@ -101,7 +130,14 @@ def _bring_up(spec_path: Path, name: str, tmp_path: Path, made: list[Cluster]) -
     return c
 
 
-def _tear_down(made: list[Cluster]) -> None:
+def _tear_down(made: list[Cluster], request: pytest.FixtureRequest) -> None:
+    if _failed(request):  # printed here, pytest shows it under the failing test's report
+        for c in made:
+            try:
+                print(f"=== cluster {c.paths.name}\n{c.describe()}")
+            except Exception as exc:  # the controller may be what broke
+                print(f"=== cluster {c.paths.name}: no answer ({exc})")
+            print(c.log_tails())
     for c in made:
         c.client.close()
         if c.paths.record.exists():  # a test may have deleted it already
@@ -117,7 +153,9 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def make_cluster(home: Path, tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+def make_cluster(
+    home: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., Cluster]]:
     made: list[Cluster] = []
 
     def make(name: str = "t", workers: int = 2, lifecycle: str = "[]", extra: str = "") -> Cluster:
@@ -128,7 +166,7 @@ def make_cluster(home: Path, tmp_path: Path) -> Iterator[Callable[..., Cluster]]
         return _bring_up(spec_path, name, tmp_path, made)
 
     yield make
-    _tear_down(made)
+    _tear_down(made, request)
 
 
 @pytest.fixture
@@ -151,7 +189,9 @@ def pid_alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def make_cluster_from_spec(home: Path, tmp_path: Path) -> Iterator[Callable[[str], Cluster]]:
+def make_cluster_from_spec(
+    home: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[[str], Cluster]]:
     """Like ``make_cluster``, for a whole spec of the test's own (``{name}`` is filled in)."""
     made: list[Cluster] = []
 
@@ -161,4 +201,32 @@ def make_cluster_from_spec(home: Path, tmp_path: Path) -> Iterator[Callable[[str
         return _bring_up(spec_path, name, tmp_path, made)
 
     yield make
-    _tear_down(made)
+    _tear_down(made, request)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the test item, so a fixture's tear-down knows whether the
+    test failed (and prints the cluster's logs only then)."""
+    report = yield
+    item.stash.setdefault(_REPORTS, {})[report.when] = report
+    return report
+
+
+_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    reports = request.node.stash.get(_REPORTS, {})
+    return any(r.failed for r in reports.values())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A cluster test without its own timeout gets 150 s: above the waits inside it (a job's
+    90 s), so a stuck test fails with the wait's message (where the job and nodes stood)
+    and the cluster's logs, not with a bare timeout from pytest-timeout."""
+    for item in items:
+        if item.get_closest_marker("timeout") is None and "integration" in item.path.parts:
+            item.add_marker(pytest.mark.timeout(150))
