@@ -167,6 +167,9 @@ class LaunchOrder(_Model):
     env: dict[str, str]
     ranks: list[RankSlot]
     log_dir: str
+    account: str | None = Field(
+        default=None, description="the POSIX account the ranks run as (None: the agent's)"
+    )
 
 
 class KillOrder(_Model):

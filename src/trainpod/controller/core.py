@@ -40,7 +40,7 @@ from trainpod.api.models import (
     Orders,
 )
 from trainpod.clock import Clock, SystemClock
-from trainpod.controller.access import Access, Action, Principal
+from trainpod.controller.access import Access, Action, Principal, owned_by
 from trainpod.controller.admission import Admission
 from trainpod.controller.books import BeaconBook, ChaosBook
 from trainpod.controller.checkpoints import CheckpointEvents
@@ -173,7 +173,7 @@ class Controller:
         ``by``: the caller, who becomes the owner whatever ``spec.user`` says (the API
         always passes it; None: trusted in-process callers such as tests)."""
         if by is not None:
-            spec = spec.model_copy(update={"user": by.name, "team": by.team or ""})
+            spec = spec.model_copy(update=owned_by(by))
         resolved = self.admission.resolve(spec)
         now = self.clock.now()
         with self._lock, self.store.transaction():
@@ -199,7 +199,7 @@ class Controller:
     def plan(self, spec: JobSpec, by: Principal | None = None) -> LaunchPlan:
         """What :meth:`submit` would launch if the job were placed now (``--dry-run``)."""
         if by is not None:
-            spec = spec.model_copy(update={"user": by.name, "team": by.team or ""})
+            spec = spec.model_copy(update=owned_by(by))
         with self._lock:
             return self.admission.plan(spec)
 
