@@ -1,0 +1,255 @@
+"""Node capacity over time for one scheduling pass, kept as counts per node group.
+
+Per group it holds:
+
+* the free nodes (names in the spec's order; whoever places takes from the front) and how
+  many of them are still unclaimed;
+* *holes*: free nodes a waiting job has claimed from its expected start on; until then a job
+  whose time limit ends before that start may use them (backfill);
+* nodes of stopping jobs (free soon);
+* a heap of future releases: when each running job's nodes come free (from its time limit;
+  never for an unknown one), and those of jobs placed or reserved during this pass.
+
+A waiting job's reservation takes the earliest nodes to come free in its groups; its start is
+when the last of them does. Every operation touches the job's groups and the entries it
+consumes, never every node.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from trainpod.scheduler.base import NodeSlot
+
+INF = float("inf")
+NO_OWNER = -1
+
+
+@dataclass
+class Hole:
+    deadline: float  # the claimant's expected start: a job using it must end by then
+    count: int
+    owner: int  # the queued job that claimed it
+
+
+@dataclass
+class Group:
+    rank: int  # its first node's index in the spec: groups are used in this order
+    names: list[str] = field(default_factory=list)  # free nodes in spec order
+    taken: int = 0  # names[:taken] were placed this pass
+    free: int = 0  # free and unclaimed
+    holes: list[Hole] = field(default_factory=list)
+    stopping: list[list[int]] = field(default_factory=list)  # [running job, nodes left]
+    future: list[list[float]] = field(default_factory=list)  # heap [time, seq, count, owner]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    start: float | None  # None: it depends on a job with no known end
+    claimants: tuple[int, ...]  # earlier jobs holding free nodes it could otherwise use
+
+
+class Capacity:
+    def __init__(self, nodes: Sequence[NodeSlot], now: float, soon: float) -> None:
+        """``soon``: when a stopping job's nodes are expected to be free."""
+        self.now = now
+        self.soon = soon
+        self.groups: dict[str, Group] = {}
+        self.index: dict[str, int] = {}
+        self._seq = 0
+        self.dead: set[int] = set()  # running jobs whose nodes went to a preemptor
+        self.relied_on: set[int] = set()  # running jobs whose release a reservation counts on
+        for i, n in enumerate(nodes):
+            self.index[n.name] = i
+            g = self.groups.get(n.group)
+            if g is None:
+                g = self.groups[n.group] = Group(rank=i)
+            if n.free:
+                g.names.append(n.name)
+                g.free += 1
+
+    def _ordered(self, groups: Iterable[str]) -> list[Group]:
+        gs = [self.groups[g] for g in groups if g in self.groups]
+        if len(gs) > 1:
+            gs.sort(key=lambda g: g.rank)
+        return gs
+
+    # -- what is there now ---------------------------------------------------------------------
+    def free_in(self, groups: Iterable[str]) -> int:
+        return sum(g.free for g in self._ordered(groups))
+
+    def idle_in(self, groups: Iterable[str]) -> int:
+        """Free nodes not yet placed, claimed or not."""
+        return sum(len(g.names) - g.taken for g in self._ordered(groups))
+
+    def usable(self, groups: Iterable[str], end: float | None) -> int:
+        """Nodes a job ending at ``end`` (None: unknown) could start on now."""
+        total = 0
+        for g in self._ordered(groups):
+            total += g.free
+            if end is not None:
+                total += sum(h.count for h in g.holes if h.deadline >= end)
+        return total
+
+    def stopping_in(self, groups: Iterable[str]) -> int:
+        return sum(s[1] for g in self._ordered(groups) for s in g.stopping)
+
+    def claimants(self, groups: Iterable[str]) -> list[int]:
+        return sorted({h.owner for g in self._ordered(groups) for h in g.holes})
+
+    # -- running jobs --------------------------------------------------------------------------
+    def add_running(self, job: int, per_group: dict[str, int], end: float | None) -> None:
+        for name, count in per_group.items():
+            g = self.groups.get(name)
+            if g is not None and end is not None:
+                self._push(g, end, count, job)
+
+    def add_stopping(self, job: int, per_group: dict[str, int]) -> None:
+        for name, count in per_group.items():
+            g = self.groups.get(name)
+            if g is not None:
+                g.stopping.append([job, count])
+
+    def _push(self, g: Group, time: float, count: int, owner: int) -> None:
+        self._seq += 1
+        heapq.heappush(g.future, [time, self._seq, count, owner])
+
+    # -- decisions -----------------------------------------------------------------------------
+    def place(self, groups: Iterable[str], n: int, end: float | None) -> tuple[str, ...]:
+        """Take ``n`` nodes now (holes a job ending by ``end`` may use first); the caller
+        checked :meth:`usable`."""
+        chosen: list[str] = []
+        left = n
+        for g in self._ordered(groups):
+            if left == 0:
+                break
+            from_holes = 0
+            if end is not None and g.holes:
+                for h in sorted(
+                    (h for h in g.holes if h.deadline >= end), key=lambda h: h.deadline
+                ):
+                    use = min(h.count, left - from_holes)
+                    h.count -= use
+                    from_holes += use
+                    if from_holes == left:
+                        break
+                g.holes = [h for h in g.holes if h.count > 0]
+            from_free = min(g.free, left - from_holes)
+            g.free -= from_free
+            take = from_holes + from_free
+            chosen.extend(g.names[g.taken : g.taken + take])
+            g.taken += take
+            left -= take
+            if from_free:
+                # nodes from holes go back to their claimant; these come free at ``end``
+                self._push(g, INF if end is None else end, from_free, NO_OWNER)
+        chosen.sort(key=self.index.__getitem__)
+        return tuple(chosen)
+
+    def claim_soon(self, groups: Iterable[str], n: int) -> list[int] | None:
+        """Claim free and stopping nodes for a job that can start once those jobs have
+        stopped; the stopping jobs it waits for, or None if they are not enough."""
+        gs = self._ordered(groups)
+        if sum(g.free for g in gs) + sum(s[1] for g in gs for s in g.stopping) < n:
+            return None
+        left = n
+        for g in gs:
+            use = min(g.free, left)
+            g.free -= use
+            left -= use
+        waits: list[int] = []
+        for g in gs:
+            for s in g.stopping:
+                if left == 0:
+                    break
+                use = min(s[1], left)
+                if use:
+                    s[1] -= use
+                    left -= use
+                    waits.append(s[0])
+        return sorted(set(waits))
+
+    def claim_victims(
+        self, groups: Iterable[str], n: int, victims: dict[int, dict[str, int]]
+    ) -> None:
+        """A preemptor claims free and stopping nodes, then its victims' nodes."""
+        gs = self._ordered(groups)
+        left = n
+        for g in gs:
+            use = min(g.free, left)
+            g.free -= use
+            left -= use
+        for g in gs:
+            for s in g.stopping:
+                use = min(s[1], left)
+                s[1] -= use
+                left -= use
+        self.dead.update(victims)
+
+    def reserve(
+        self,
+        groups: Iterable[str],
+        n: int,
+        duration: float | None,
+        owner: int,
+        hold_until: float | None = None,
+    ) -> Reservation:
+        """Reserve the earliest nodes to come free for a job that cannot start now; free
+        nodes it takes become holes until its start (or ``hold_until`` if sooner)."""
+        gs = self._ordered(groups)
+        claimants = sorted({h.owner for g in gs for h in g.holes})
+        got: dict[int, int] = {}  # id(group) -> nodes
+        start = self.now
+        left = n
+        for g in gs:
+            use = min(g.free, left)
+            if use:
+                g.free -= use
+                got[id(g)] = got.get(id(g), 0) + use
+                left -= use
+        free_taken = dict(got)
+        if left:
+            for g in gs:
+                for s in g.stopping:
+                    use = min(s[1], left)
+                    if use:
+                        s[1] -= use
+                        got[id(g)] = got.get(id(g), 0) + use
+                        left -= use
+                        start = max(start, self.soon)
+        consumed: list[tuple[list[float], int]] = []
+        while left:
+            best: Group | None = None
+            for g in gs:
+                fut = g.future
+                while fut and (fut[0][2] <= 0 or int(fut[0][3]) in self.dead):
+                    heapq.heappop(fut)
+                if fut and (best is None or fut[0][0] < best.future[0][0]):
+                    best = g
+            if best is None or best.future[0][0] == INF:
+                start = INF
+                break
+            top = best.future[0]
+            use = min(int(top[2]), left)
+            top[2] -= use
+            left -= use
+            consumed.append((top, use))
+            got[id(best)] = got.get(id(best), 0) + use
+            start = max(start, top[0])
+        if start == INF:
+            # it waits on a job with no known end: what comes free before is not its to hold
+            for entry, use in consumed:
+                entry[2] += use
+        else:
+            self.relied_on.update(int(e[3]) for e, _ in consumed if e[3] != NO_OWNER)
+        deadline = start if hold_until is None else min(start, hold_until)
+        for g in gs:
+            taken = free_taken.get(id(g), 0)
+            if taken:
+                g.holes.append(Hole(deadline, taken, owner))
+            count = got.get(id(g), 0)
+            if count and start != INF and duration is not None:
+                self._push(g, start + duration, count, NO_OWNER)
+        return Reservation(None if start == INF else start, tuple(claimants))
