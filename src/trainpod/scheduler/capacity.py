@@ -18,7 +18,7 @@ consumes, never every node.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from trainpod.scheduler.base import NodeSlot
@@ -42,7 +42,9 @@ class Group:
     free: int = 0  # free and unclaimed
     holes: list[Hole] = field(default_factory=list)
     stopping: list[list[int]] = field(default_factory=list)  # [running job, nodes left]
+    stopping_left: int = 0  # the sum of those
     future: list[list[float]] = field(default_factory=list)  # heap [time, seq, count, owner]
+    finite: int = 0  # nodes in ``future`` with a known time, not yet reserved
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class Capacity:
         self.groups: dict[str, Group] = {}
         self.index: dict[str, int] = {}
         self._seq = 0
+        self._sets: dict[frozenset[str], list[Group]] = {}
+        self._entries: dict[int, list[tuple[Group, list[float]]]] = {}  # running job -> its
         self.dead: set[int] = set()  # running jobs whose nodes went to a preemptor
         self.relied_on: set[int] = set()  # running jobs whose release a reservation counts on
         for i, n in enumerate(nodes):
@@ -70,21 +74,22 @@ class Capacity:
                 g.names.append(n.name)
                 g.free += 1
 
-    def _ordered(self, groups: Iterable[str]) -> list[Group]:
-        gs = [self.groups[g] for g in groups if g in self.groups]
-        if len(gs) > 1:
-            gs.sort(key=lambda g: g.rank)
+    def _ordered(self, groups: frozenset[str]) -> list[Group]:
+        gs = self._sets.get(groups)
+        if gs is None:
+            gs = sorted((self.groups[g] for g in groups if g in self.groups), key=lambda g: g.rank)
+            self._sets[groups] = gs
         return gs
 
     # -- what is there now ---------------------------------------------------------------------
-    def free_in(self, groups: Iterable[str]) -> int:
+    def free_in(self, groups: frozenset[str]) -> int:
         return sum(g.free for g in self._ordered(groups))
 
-    def idle_in(self, groups: Iterable[str]) -> int:
+    def idle_in(self, groups: frozenset[str]) -> int:
         """Free nodes not yet placed, claimed or not."""
         return sum(len(g.names) - g.taken for g in self._ordered(groups))
 
-    def usable(self, groups: Iterable[str], end: float | None) -> int:
+    def usable(self, groups: frozenset[str], end: float | None) -> int:
         """Nodes a job ending at ``end`` (None: unknown) could start on now."""
         total = 0
         for g in self._ordered(groups):
@@ -93,10 +98,21 @@ class Capacity:
                 total += sum(h.count for h in g.holes if h.deadline >= end)
         return total
 
-    def stopping_in(self, groups: Iterable[str]) -> int:
-        return sum(s[1] for g in self._ordered(groups) for s in g.stopping)
+    def stuck(self, groups: frozenset[str], n: int, end: float | None) -> bool:
+        """Nothing in these groups can start, be claimed soon or get a known start for ``n``
+        nodes: none free, none stopping, too few coming free at known times, and no holes
+        this job could use. (Victims may still help.)"""
+        finite = 0
+        for g in self._ordered(groups):
+            if g.free or g.stopping_left or (g.holes and end is not None):
+                return False
+            finite += g.finite
+        return finite < n
 
-    def claimants(self, groups: Iterable[str]) -> list[int]:
+    def stopping_in(self, groups: frozenset[str]) -> int:
+        return sum(g.stopping_left for g in self._ordered(groups))
+
+    def claimants(self, groups: frozenset[str]) -> list[int]:
         return sorted({h.owner for g in self._ordered(groups) for h in g.holes})
 
     # -- running jobs --------------------------------------------------------------------------
@@ -111,13 +127,27 @@ class Capacity:
             g = self.groups.get(name)
             if g is not None:
                 g.stopping.append([job, count])
+                g.stopping_left += count
 
     def _push(self, g: Group, time: float, count: int, owner: int) -> None:
         self._seq += 1
-        heapq.heappush(g.future, [time, self._seq, count, owner])
+        entry = [time, self._seq, count, owner]
+        heapq.heappush(g.future, entry)
+        if time != INF:
+            g.finite += count
+        if owner != NO_OWNER:
+            self._entries.setdefault(owner, []).append((g, entry))
+
+    def kill(self, job: int) -> None:
+        """A running job's nodes went to a preemptor: its release is no one else's."""
+        self.dead.add(job)
+        for g, entry in self._entries.pop(job, []):
+            if entry[0] != INF:
+                g.finite -= int(entry[2])
+            entry[2] = 0
 
     # -- decisions -----------------------------------------------------------------------------
-    def place(self, groups: Iterable[str], n: int, end: float | None) -> tuple[str, ...]:
+    def place(self, groups: frozenset[str], n: int, end: float | None) -> tuple[str, ...]:
         """Take ``n`` nodes now (holes a job ending by ``end`` may use first); the caller
         checked :meth:`usable`."""
         chosen: list[str] = []
@@ -148,11 +178,11 @@ class Capacity:
         chosen.sort(key=self.index.__getitem__)
         return tuple(chosen)
 
-    def claim_soon(self, groups: Iterable[str], n: int) -> list[int] | None:
+    def claim_soon(self, groups: frozenset[str], n: int) -> list[int] | None:
         """Claim free and stopping nodes for a job that can start once those jobs have
         stopped; the stopping jobs it waits for, or None if they are not enough."""
         gs = self._ordered(groups)
-        if sum(g.free for g in gs) + sum(s[1] for g in gs for s in g.stopping) < n:
+        if sum(g.free + g.stopping_left for g in gs) < n:
             return None
         left = n
         for g in gs:
@@ -167,12 +197,13 @@ class Capacity:
                 use = min(s[1], left)
                 if use:
                     s[1] -= use
+                    g.stopping_left -= use
                     left -= use
                     waits.append(s[0])
         return sorted(set(waits))
 
     def claim_victims(
-        self, groups: Iterable[str], n: int, victims: dict[int, dict[str, int]]
+        self, groups: frozenset[str], n: int, victims: dict[int, dict[str, int]]
     ) -> None:
         """A preemptor claims free and stopping nodes, then its victims' nodes."""
         gs = self._ordered(groups)
@@ -185,12 +216,14 @@ class Capacity:
             for s in g.stopping:
                 use = min(s[1], left)
                 s[1] -= use
+                g.stopping_left -= use
                 left -= use
-        self.dead.update(victims)
+        for job in victims:
+            self.kill(job)
 
     def reserve(
         self,
-        groups: Iterable[str],
+        groups: frozenset[str],
         n: int,
         duration: float | None,
         owner: int,
@@ -216,15 +249,19 @@ class Capacity:
                     use = min(s[1], left)
                     if use:
                         s[1] -= use
+                        g.stopping_left -= use
                         got[id(g)] = got.get(id(g), 0) + use
                         left -= use
                         start = max(start, self.soon)
-        consumed: list[tuple[list[float], int]] = []
+        consumed: list[tuple[Group, list[float], int]] = []
+        if left and sum(g.finite for g in gs) < left:
+            left = 0  # what comes free at known times is not enough: no known start
+            start = INF
         while left:
             best: Group | None = None
             for g in gs:
                 fut = g.future
-                while fut and (fut[0][2] <= 0 or int(fut[0][3]) in self.dead):
+                while fut and fut[0][2] <= 0:
                     heapq.heappop(fut)
                 if fut and (best is None or fut[0][0] < best.future[0][0]):
                     best = g
@@ -234,16 +271,18 @@ class Capacity:
             top = best.future[0]
             use = min(int(top[2]), left)
             top[2] -= use
+            best.finite -= use
             left -= use
-            consumed.append((top, use))
+            consumed.append((best, top, use))
             got[id(best)] = got.get(id(best), 0) + use
             start = max(start, top[0])
         if start == INF:
             # it waits on a job with no known end: what comes free before is not its to hold
-            for entry, use in consumed:
+            for g, entry, use in consumed:
                 entry[2] += use
+                g.finite += use
         else:
-            self.relied_on.update(int(e[3]) for e, _ in consumed if e[3] != NO_OWNER)
+            self.relied_on.update(int(e[3]) for _, e, _ in consumed if e[3] != NO_OWNER)
         deadline = start if hold_until is None else min(start, hold_until)
         for g in gs:
             taken = free_taken.get(id(g), 0)

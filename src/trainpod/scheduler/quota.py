@@ -29,6 +29,8 @@ class Quotas:
         for team, part, nodes in held:
             per = self.used.setdefault(part, {})
             per[team] = per.get(team, 0) + nodes
+        self._refusals: dict[tuple[str, str, int], str | None] = {}
+        """(team, partition, nodes) -> refusal with nothing given back, until usage changes."""
         self.unassigned = {
             part: max(0, cap - sum(t.quota_in(part) for t in policy.teams))
             for part, cap in capacity.items()
@@ -47,6 +49,7 @@ class Quotas:
         return used - (minus or {}).get((team, part), 0)
 
     def add(self, team: str, part: str, nodes: int) -> None:
+        self._refusals.clear()
         per = self.used.setdefault(part, {})
         per[team] = per.get(team, 0) + nodes
 
@@ -63,6 +66,16 @@ class Quotas:
     ) -> str | None:
         """Why ``nodes`` more for the team would break the quota rules (None: they would
         not), with the nodes in ``minus`` already given back."""
+        if minus:
+            return self._refusal(team, part, nodes, minus)
+        key = (team, part, nodes)
+        if key not in self._refusals:
+            self._refusals[key] = self._refusal(team, part, nodes, None)
+        return self._refusals[key]
+
+    def _refusal(
+        self, team: str, part: str, nodes: int, minus: Mapping[Key, int] | None
+    ) -> str | None:
         t = self.teams.get(team)
         if t is None:
             return None if not self.active else f"team {team} has no quota"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from trainpod.scheduler import fairshare
@@ -90,6 +91,9 @@ class Victims:
     found: bool = True
 
 
+NONE = Victims([], found=False)
+
+
 @dataclass
 class Pass:
     policy: SharingPolicy
@@ -133,9 +137,12 @@ class Pass:
         self.jobs = {q.id: q for q in snap.queue}
         self.pos_of: dict[int, int] = {}
         self.blocked: dict[str, int] = {}  # without backfill: group -> first job waiting
-        self.no_victims: dict[tuple[frozenset[str], str, str, int], int] = {}
-        """(groups, team, partition, priority) -> fewest nodes no victim set was found for;
-        the pass only makes victims scarcer, so a job as large or larger finds none either."""
+        self.near: dict[frozenset[str], list[RunningJob]] = {}
+        """Groups -> the candidates holding nodes in them, in candidate order."""
+        self.no_victims: dict[tuple[frozenset[str], str, str], list[tuple[int, int]]] = {}
+        """(groups, team, partition) -> (priority, nodes) no victim set was found for. The
+        pass only makes victims scarcer, and a lower priority or a larger job has fewer
+        candidates and needs more, so such a job finds none either."""
 
     # -- facts about running jobs --------------------------------------------------------------
     def expected_end(self, r: RunningJob) -> float | None:
@@ -191,6 +198,14 @@ class Pass:
                 return
         end = None if job.time_limit_s is None else self.now + job.time_limit_s
         refusal = self.quotas.refusal(job.team, job.partition, n)
+        victims: Victims | None = None
+        if self.cap.stuck(groups, n, end):
+            victims = self.victims(job)
+            if not victims.found:
+                # the common case deep in a long queue: the same answer as below, sooner
+                self.block(job)
+                self.hold(job, pos, refusal or self.no_nodes(job, 0))
+                return
         if refusal is None and self.cap.usable(groups, end) >= n:
             nodes = self.cap.place(groups, n, end)
             self.quotas.add(job.team, job.partition, n)
@@ -207,7 +222,8 @@ class Pass:
                 self.block(job)
                 self.hold(job, pos, f"{waiting_for(waits)} (its nodes are reserved for this job)")
                 return
-        victims = self.victims(job)
+        if victims is None:
+            victims = self.victims(job)
         if victims.found and victims.protected_until is None and victims.unstarted is None:
             self.preempt(job, victims.jobs)
             self.block(job)
@@ -240,9 +256,12 @@ class Pass:
             first = self.jobs[min(claimants, key=self.pos_of.__getitem__)]
             reason = f"behind job {first.id} ({label(first.priority, first.priority_class)})"
         else:
-            where = f"partition {job.partition}" if job.partition else "its partition"
-            reason = f"waiting for nodes: needs {n}, {free} idle in {where}"
+            reason = self.no_nodes(job, free)
         self.hold(job, pos, reason, r.start)
+
+    def no_nodes(self, job: QueuedJob, free: int) -> str:
+        where = f"partition {job.partition}" if job.partition else "its partition"
+        return f"waiting for nodes: needs {job.nodes}, {free} idle in {where}"
 
     def stopping_quota_for(self, job: QueuedJob) -> list[int]:
         """The stopping jobs whose quota ``job`` waits for: its team's in its partition
@@ -252,7 +271,7 @@ class Pass:
         return sorted(own or [r.id for r in stopping])
 
     def team_problem(self, job: QueuedJob) -> str:
-        if not self.quotas.active:
+        if not self.quotas.active or job.team in self.quotas.teams:
             return ""
         known = ", ".join(sorted(self.quotas.teams))
         if not job.team:
@@ -269,42 +288,58 @@ class Pass:
 
     # -- preemption ----------------------------------------------------------------------------
     def victims(self, job: QueuedJob) -> Victims:
-        none = Victims([], found=False)
-        key = (job.groups, job.team, job.partition, job.priority)
-        if not self.candidates or self.no_victims.get(key, 1 << 62) <= job.nodes:
-            return none
+        key = (job.groups, job.team, job.partition)
+        failed = self.no_victims.setdefault(key, [])
+        if not self.candidates:
+            return NONE
+        for p, n in failed:
+            if job.priority <= p and job.nodes >= n:
+                return NONE
+        near = self.near.get(job.groups)
+        if near is None:
+            near = [
+                c for c in self.candidates if not self.in_groups[c.id].keys().isdisjoint(job.groups)
+            ]
+            self.near[job.groups] = near
+        base = self.cap.free_in(job.groups) + self.cap.stopping_in(job.groups)
+        chosen = self.select(job, self.eligible(job, near), base, protected_ok=False)
+        if chosen is not None:
+            return Victims(chosen)
+        if self.policy.min_run_s > 0:
+            chosen = self.select(job, self.eligible(job, near), base, protected_ok=True)
+            if chosen is not None:
+                guarded = [v for v in chosen if self.protected(v)]
+                unstarted = [v.id for v in guarded if v.started_at is None]
+                if unstarted:
+                    return Victims(guarded, unstarted=unstarted[0])
+                until = max((v.started_at or 0.0) + self.policy.min_run_s for v in guarded)
+                return Victims(guarded, protected_until=until)
+        failed[:] = [(p, n) for p, n in failed if not (p <= job.priority and n >= job.nodes)]
+        failed.append((job.priority, job.nodes))
+        return NONE
+
+    def eligible(self, job: QueuedJob, near: list[RunningJob]) -> Iterator[RunningJob]:
+        """The running jobs ``job`` may preempt, best victim first: lower-priority ones (of
+        its own team or, with teams, of teams that borrow; of anyone without teams), and for
+        a job within its team's quota, any work of teams that borrow (reclaim)."""
         q = self.quotas
+        active = q.active
         within = q.within(job.team, job.partition, job.nodes)
         dead, relied = self.cap.dead, self.cap.relied_on
-        cands: list[RunningJob] = []
-        for c in self.candidates:
-            if c.id in dead or c.id in relied or not (self.in_groups[c.id].keys() & job.groups):
-                continue
+        for c in near:
             lower = c.priority < job.priority
-            if not q.active:
-                if lower:
-                    cands.append(c)
-            elif (lower and c.team == job.team) or ((lower or within) and c.team != job.team):
-                cands.append(c)
-        if cands:
-            base = self.cap.free_in(job.groups) + self.cap.stopping_in(job.groups)
-            chosen = self.select(job, cands, base, protected_ok=False)
-            if chosen is not None:
-                return Victims(chosen)
-            if self.policy.min_run_s > 0:
-                chosen = self.select(job, cands, base, protected_ok=True)
-                if chosen is not None:
-                    guarded = [v for v in chosen if self.protected(v)]
-                    unstarted = [v.id for v in guarded if v.started_at is None]
-                    if unstarted:
-                        return Victims(guarded, unstarted=unstarted[0])
-                    until = max((v.started_at or 0.0) + self.policy.min_run_s for v in guarded)
-                    return Victims(guarded, protected_until=until)
-        self.no_victims[key] = min(job.nodes, self.no_victims.get(key, 1 << 62))
-        return none
+            if not lower and not within:
+                return  # sorted by priority: no later one is lower either
+            if c.id in dead or c.id in relied:
+                continue
+            if active and c.team != job.team:
+                if q.borrowing(c.team, c.partition):
+                    yield c
+            elif lower:
+                yield c
 
     def select(
-        self, job: QueuedJob, cands: list[RunningJob], base: int, protected_ok: bool
+        self, job: QueuedJob, cands: Iterable[RunningJob], base: int, protected_ok: bool
     ) -> list[RunningJob] | None:
         """The fewest victims, in candidate order, that let ``job`` start (None: none do)."""
         q = self.quotas
