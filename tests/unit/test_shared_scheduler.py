@@ -170,6 +170,17 @@ def test_borrowing_stops_at_the_borrow_limit_and_at_what_others_lend() -> None:
     }
 
 
+def test_quota_its_owner_is_waiting_for_is_not_lent() -> None:
+    # vision's high job comes first, but nlp's queued job asks for nlp's idle quota
+    queue = [queued(1, 4, "vision", priority=HIGH), queued(2, 2, "nlp", priority=LOW)]
+    d = by_kind(SharedScheduler(VISION_NLP).plan(snapshot(0.0, queue)))
+    assert d["hold"] == {
+        1: "waiting for quota: team vision uses 0 of its 2 nodes in partition gpu;"
+        " other teams have 0 idle nodes to lend and this job needs 4"
+    }
+    assert d["place"] == {2: ("gpu-0", "gpu-1")}
+
+
 def test_a_job_of_an_unknown_team_is_held_with_the_reason() -> None:
     snap = snapshot(0.0, [queued(1, 1, "robotics"), queued(2, 1, "")])
     h = by_kind(SharedScheduler(VISION_NLP).plan(snap))["hold"]
@@ -621,3 +632,40 @@ def test_bad_policy_values_are_named() -> None:
         SharingPolicy(half_life_s=0)
     with pytest.raises(ValueError, match="needs a name"):
         PriorityClass("", 1)
+
+
+def test_borrow_then_reclaim_over_many_passes() -> None:
+    sim = Sim(SharedScheduler(replace(VISION_NLP, grace_s=15.0)), size=4)
+    sim.submit(queued(1, 2, "vision", priority=LOW), runtime=1000.0)
+    sim.submit(queued(2, 2, "vision", priority=LOW), runtime=1000.0)
+    sim.step()
+    assert set(sim.run) == {1, 2}  # vision borrows nlp's idle half
+    sim.advance(60.0)
+    sim.submit(queued(3, 2, "nlp", priority=LOW), runtime=100.0)
+    for _ in range(10):
+        sim.step()
+        sim.advance(5.0)
+    assert sim.preempted == [1]  # one of the two (equal: the lower id), once
+    assert sim.started[3] == 75.0  # after the 15 s grace
+    held = holds(sim.step())
+    assert held[1].reason == (
+        "waiting for quota: team vision uses 2 of its 2 nodes in partition gpu;"
+        " other teams have 0 idle nodes to lend and this job needs 2"
+    )
+
+
+def test_a_team_at_its_quota_preempts_its_own_lower_job_for_a_higher_one() -> None:
+    policy = teams(TeamPolicy("vision", {"gpu": 2}, borrow=False), TeamPolicy("nlp", {"gpu": 2}))
+    run = [running(1, ["gpu-0", "gpu-1"], team="vision", priority=LOW)]
+    queue = [queued(2, 1, "vision", priority=HIGH)]
+    sched = SharedScheduler(policy)
+    d = by_kind(sched.plan(snapshot(100.0, queue, run)))
+    assert d["preempt"] == {1: "preempted for job 2 (priority high)"}
+    # while it stops, the free nodes are there but the quota is not yet: no second victim
+    stopping = [replace(run[0], stopping=True)]
+    d2 = by_kind(sched.plan(snapshot(101.0, queue, stopping)))
+    assert d2["preempt"] == {} and d2["place"] == {}
+    assert d2["hold"] == {
+        2: "waiting for job 1 to checkpoint and stop (its nodes are reserved for this job)"
+    }
+    assert by_kind(sched.plan(snapshot(120.0, queue, [])))["place"] == {2: ("gpu-0",)}

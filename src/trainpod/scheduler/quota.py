@@ -2,8 +2,9 @@
 
 A team may hold up to its quota of nodes in a partition at once. Beyond it, it borrows: only
 if it may borrow, within its borrowing limit, and out of the idle quota of teams that lend
-(plus the partition's nodes in no team's quota), less what other teams already borrow. A
-running job counts until it has ended, stopping ones included.
+(quota neither used nor asked for by their own queued jobs), plus the partition's nodes in
+no team's quota, less what other teams already borrow. A running job counts until it has
+ended, stopping ones included.
 """
 
 from __future__ import annotations
@@ -21,14 +22,20 @@ class Quotas:
         policy: SharingPolicy,
         held: Iterable[tuple[str, str, int]],
         capacity: Mapping[str, int],
+        wanted: Iterable[tuple[str, str, int]] = (),
     ) -> None:
         """``held``: (team, partition, nodes) of every running job; ``capacity``: the nodes
-        of each partition."""
+        of each partition; ``wanted``: the same of every queued job (a team's quota that its
+        own queued jobs ask for is not idle, so it is not lent: a borrower does not take
+        nodes that their owner is waiting for and would only reclaim)."""
         self.teams = {t.name: t for t in policy.teams}
         self.used: dict[str, dict[str, int]] = {}  # partition -> team -> nodes
         for team, part, nodes in held:
             per = self.used.setdefault(part, {})
             per[team] = per.get(team, 0) + nodes
+        self.wanted: dict[Key, int] = {}
+        for team, part, nodes in wanted:
+            self.wanted[(team, part)] = self.wanted.get((team, part), 0) + nodes
         self._refusals: dict[tuple[str, str, int], str | None] = {}
         """(team, partition, nodes) -> refusal with nothing given back, until usage changes."""
         self.unassigned = {
@@ -49,7 +56,11 @@ class Quotas:
         return used - (minus or {}).get((team, part), 0)
 
     def add(self, team: str, part: str, nodes: int) -> None:
+        """A queued job of the team starts: its nodes move from wanted to used."""
         self._refusals.clear()
+        key = (team, part)
+        if key in self.wanted:
+            self.wanted[key] = max(0, self.wanted[key] - nodes)
         per = self.used.setdefault(part, {})
         per[team] = per.get(team, 0) + nodes
 
@@ -101,12 +112,14 @@ class Quotas:
         return None
 
     def lendable(self, team: str, part: str, minus: Mapping[Key, int] | None = None) -> int:
-        """Nodes ``team`` could borrow in ``part``: others' idle lent quota and the nodes in
-        no quota, less what other teams borrow already."""
+        """Nodes ``team`` could borrow in ``part``: others' idle lent quota (neither used
+        nor wanted by their queued jobs) and the nodes in no quota, less what other teams
+        borrow already."""
         pool = self.unassigned.get(part, 0)
         for other in self.teams.values():
             if other.name != team and other.lend:
-                pool += max(0, other.quota_in(part) - self.used_by(other.name, part, minus))
+                idle = other.quota_in(part) - self.used_by(other.name, part, minus)
+                pool += max(0, idle - self.wanted.get((other.name, part), 0))
         for other_name in self.used.get(part, {}):
             if other_name != team:
                 pool -= max(0, self.used_by(other_name, part, minus) - self.quota(other_name, part))

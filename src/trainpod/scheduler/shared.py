@@ -129,6 +129,7 @@ class Pass:
             self.policy,
             ((r.team, r.partition, len(r.nodes)) for r in snap.running),
             {p: sum(usable[g] for g in groups) for p, groups in parts.items()},
+            ((q.team, q.partition, q.nodes) for q in snap.queue),
         )
         self.candidates = sorted(
             (r for r in snap.running if r.preemptible and not r.stopping),
@@ -136,6 +137,7 @@ class Pass:
         )
         self.jobs = {q.id: q for q in snap.queue}
         self.pos_of: dict[int, int] = {}
+        self._no_nodes: dict[tuple[int, int, str], str] = {}
         self.blocked: dict[str, int] = {}  # without backfill: group -> first job waiting
         self.near: dict[frozenset[str], list[RunningJob]] = {}
         """Groups -> the candidates holding nodes in them, in candidate order."""
@@ -177,14 +179,15 @@ class Pass:
         self.out.append(Hold(job.id, reason, position=pos, estimated_start=start))
 
     def block(self, job: QueuedJob) -> None:
+        if self.policy.backfill:
+            return  # reservations keep later jobs off its nodes instead
         for g in job.groups:
             self.blocked.setdefault(g, job.id)
 
     def step(self, job: QueuedJob, pos: int) -> None:
         self.pos_of[job.id] = pos
-        bad = self.team_problem(job)
-        if bad:
-            self.hold(job, pos, bad)
+        if self.quotas.active and job.team not in self.quotas.teams:
+            self.hold(job, pos, self.team_problem(job))
             return
         groups, n = job.groups, job.nodes
         if not self.policy.backfill:
@@ -260,8 +263,13 @@ class Pass:
         self.hold(job, pos, reason, r.start)
 
     def no_nodes(self, job: QueuedJob, free: int) -> str:
-        where = f"partition {job.partition}" if job.partition else "its partition"
-        return f"waiting for nodes: needs {job.nodes}, {free} idle in {where}"
+        key = (job.nodes, free, job.partition)
+        reason = self._no_nodes.get(key)
+        if reason is None:
+            where = f"partition {job.partition}" if job.partition else "its partition"
+            reason = f"waiting for nodes: needs {job.nodes}, {free} idle in {where}"
+            self._no_nodes[key] = reason
+        return reason
 
     def stopping_quota_for(self, job: QueuedJob) -> list[int]:
         """The stopping jobs whose quota ``job`` waits for: its team's in its partition
