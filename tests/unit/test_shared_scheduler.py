@@ -114,8 +114,10 @@ def holds(decisions: Sequence[SchedulerDecision]) -> dict[int, Hold]:
     return {d.job_id: d for d in decisions if isinstance(d, Hold)}
 
 
-def teams(*ts: TeamPolicy, **kw: float) -> SharingPolicy:
-    return SharingPolicy(teams=ts, **kw)  # type: ignore[arg-type]
+def teams(
+    *ts: TeamPolicy, half_life_s: float = 7 * 86400.0, min_run_s: float = 0.0
+) -> SharingPolicy:
+    return SharingPolicy(teams=ts, half_life_s=half_life_s, min_run_s=min_run_s)
 
 
 VISION_NLP = teams(

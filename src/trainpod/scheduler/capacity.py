@@ -50,7 +50,6 @@ class Group:
 @dataclass(frozen=True)
 class Reservation:
     start: float | None  # None: it depends on a job with no known end
-    claimants: tuple[int, ...]  # earlier jobs holding free nodes it could otherwise use
 
 
 class Capacity:
@@ -232,7 +231,6 @@ class Capacity:
         """Reserve the earliest nodes to come free for a job that cannot start now; free
         nodes it takes become holes until its start (or ``hold_until`` if sooner)."""
         gs = self._ordered(groups)
-        claimants = sorted({h.owner for g in gs for h in g.holes})
         got: dict[int, int] = {}  # id(group) -> nodes
         start = self.now
         left = n
@@ -291,4 +289,4 @@ class Capacity:
             count = got.get(id(g), 0)
             if count and start != INF and duration is not None:
                 self._push(g, start + duration, count, NO_OWNER)
-        return Reservation(None if start == INF else start, tuple(claimants))
+        return Reservation(None if start == INF else start)

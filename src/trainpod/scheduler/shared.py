@@ -191,9 +191,9 @@ class Pass:
             return
         groups, n = job.groups, job.nodes
         if not self.policy.backfill:
-            ahead = sorted({self.blocked[g] for g in groups if g in self.blocked})
+            ahead = [self.blocked[g] for g in groups if g in self.blocked]
             if ahead:
-                first = self.jobs[ahead[0]]
+                first = self.jobs[min(ahead, key=self.pos_of.__getitem__)]
                 r = self.cap.reserve(groups, n, job.time_limit_s, job.id)
                 self.block(job)
                 behind = f"behind job {first.id} ({label(first.priority, first.priority_class)})"
