@@ -31,6 +31,8 @@ from pydantic import (
     model_validator,
 )
 
+from trainpod.spec.preemption import PreemptionPolicy
+
 Backend = Literal["local", "slurm"]
 Role = Literal["head", "compute"]
 
@@ -345,6 +347,8 @@ class ClusterSpec(_Model):
     """Heartbeat interval and timeout."""
     recovery: RecoveryPolicy = RecoveryPolicy()
     """Teardown grace period and default restart budget."""
+    preemption: PreemptionPolicy = PreemptionPolicy()
+    """The notice signal and grace period a preempted job gets; its minimum run time."""
     slurm: SlurmSpec | None = None
     """With ``backend: slurm``: the slurm.conf and sbatch options for every job."""
 
