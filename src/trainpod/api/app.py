@@ -25,6 +25,7 @@ from trainpod.api.models import (
     NodeAction,
     NodeInfo,
     Orders,
+    PreemptRequest,
 )
 from trainpod.controller.core import Controller
 from trainpod.controller.launch import rank_log_path
@@ -102,6 +103,12 @@ def create_app(
     @app.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo)
     def cancel(job_id: int) -> JobInfo:
         controller.cancel(job_id)
+        return controller.job_info(job_id)
+
+    @app.post("/v1/jobs/{job_id}/preempt", response_model=JobInfo)
+    def preempt(job_id: int, req: PreemptRequest | None = None) -> JobInfo:
+        """Admins: stop a running job with a preemption notice and queue it again."""
+        controller.preempt(job_id, req.reason if req is not None else "")
         return controller.job_info(job_id)
 
     @app.get("/v1/jobs/{job_id}/logs", response_model=LogChunk)
