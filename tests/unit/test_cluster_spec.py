@@ -22,6 +22,7 @@ from trainpod.spec.cluster import (
     StorageSpec,
 )
 from trainpod.spec.loading import load_cluster_spec, parse_cluster_spec
+from trainpod.spec.preemption import PreemptionPolicy
 from trainpod.spec.sharing import (
     FairShareSpec,
     PriorityClassSpec,
@@ -227,6 +228,26 @@ BAD_SPECS: list[tuple[str, Mutation, str, str]] = [
         "teams[0].default_priority_class",
         "use one of priority_classes",
     ),
+    (
+        "notice-not-a-signal",
+        _set("preemption.signal", "SIGFOO"),
+        "preemption.signal: 'SIGFOO' is not a signal name",
+        "use one of SIGUSR1, SIGUSR2, SIGHUP",
+    ),
+    (
+        "notice-uncatchable",
+        _set("preemption.signal", "KILL"),
+        "preemption.signal: 'KILL' cannot be the preemption notice: it cannot be caught",
+        "use one of SIGUSR1",
+    ),
+    (
+        "notice-is-teardown",
+        _set("preemption.signal", "SIGTERM"),
+        "teardown sends it after the grace period",
+        "SIGUSR2",
+    ),
+    ("notice-grace-negative", _set("preemption.grace_s", -1), "preemption.grace_s", "0 or more"),
+    ("min-run-string", _set("preemption.min_run_s", "10s"), "preemption.min_run_s", "number"),
 ]
 
 
@@ -371,7 +392,15 @@ def test_defaults(tmp_path: Path) -> None:
     assert spec.partitions is None
     assert spec.health.heartbeat_interval_s == 1.0 and spec.health.heartbeat_timeout_s == 10.0
     assert spec.recovery.teardown_grace_s == 5.0 and spec.recovery.max_restarts == 3
+    assert spec.preemption == PreemptionPolicy(signal="SIGUSR1", grace_s=30.0, min_run_s=0.0)
     assert LifecycleScript.model_fields["timeout_s"].default == 300.0
+
+
+def test_the_notice_signal_is_stored_by_its_full_name(tmp_path: Path) -> None:
+    data = {"name": "x", "instance_groups": [{"name": "w", "count": 1}]}
+    spec = parse_cluster_spec({**data, "preemption": {"signal": "usr2"}}, "s", tmp_path)
+    assert spec.preemption.signal == "SIGUSR2"
+    assert parse_cluster_spec(spec.model_dump(mode="json"), "s", tmp_path) == spec
 
 
 def test_default_partition_holds_all_compute_groups(spec_dir: Path) -> None:

@@ -69,7 +69,8 @@ from trainpod.model.events import (
     JobSubmitted,
     NodeDeclared,
 )
-from trainpod.model.states import JobState, NodeState, RankState
+from trainpod.model.states import AttemptState, JobState, NodeState, RankState
+from trainpod.scheduler.base import Preempt
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import JobRow, NodeRow
@@ -216,7 +217,7 @@ class Controller:
             self.store.update_job(job_id, now, cancel_requested=True)
             self.store.append(now, CancelRequested(job_id=job_id))
             self.scheduling.cancelled(job, now)
-            if job.state is JobState.QUEUED:
+            if job.state in (JobState.QUEUED, JobState.PREEMPTED):
                 self.tx.set_job(job, JobState.CANCELLED, now, reason="cancelled while queued")
             elif job.state is JobState.RECOVERING and self.tx.active_attempt(job_id) is None:
                 self.tx.release_all(job_id, now)
@@ -233,6 +234,26 @@ class Controller:
         with self._lock:
             job = self.tx.job(job_id) if job_id is not None else None
         self.access.authorize(by, action, job)
+
+    def preempt(self, job_id: int, reason: str = "") -> JobRow:
+        """Preempt a running job by hand (an admin's), as a scheduler's ``Preempt`` would:
+        its ranks get the notice and ``preemption.grace_s``, then it waits in the queue as
+        ``preempted``. A job with nothing running raises :class:`Conflict`."""
+        now = self.clock.now()
+        why = reason.strip() or "preempted by an administrator"
+        with self._lock, self.store.transaction():
+            job = self.tx.job(job_id)
+            attempt = self.tx.active_attempt(job_id)
+            if job.state.ended or attempt is None:
+                raise Conflict(
+                    f"job {job_id} is {job.state.value}, with no attempt running: "
+                    "only a running job can be preempted"
+                )
+            if job.cancel_requested or attempt.state is AttemptState.STOPPING:
+                raise Conflict(f"job {job_id} is already stopping ({job.reason or 'cancel'})")
+            self.executor.preempt(Preempt(job_id, why, self.cfg.preemption.grace_s), now)
+            self.wake.bump()
+            return self.tx.job(job_id)
 
     # -- chaos ----------------------------------------------------------------------------
     def chaos(self, req: ChaosRequest) -> ChaosOrder:
