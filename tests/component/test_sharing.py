@@ -110,3 +110,23 @@ def test_a_higher_class_preempts_the_lower_job_that_loses_least_work(tmp_path: P
     assert preempted.job_id == recent
     assert f"job {urgent}" in preempted.data["reason"]
     assert c.job(old).state == "running"
+
+
+def test_a_job_past_its_time_limit_is_stopped_and_fails_with_the_reason(tmp_path: Path) -> None:
+    c = shared_cluster(tmp_path)
+    job = submit(c, ALICE, time_limit="1")  # one minute, Slurm's format
+    c.start(job)
+    age(c, 30)
+    assert c.job(job).state == "running"
+    age(c, 40)
+    [kill] = [k for o in c.beat().values() for k in o.kill]
+    assert kill.reason == "time_limit"
+    for agent in c.agents.values():
+        agent.kill_ranks()
+        agent.beat()
+    c.controller.step()
+    info = c.job(job)
+    assert info.state == "failed" and info.reason.startswith("time limit 1 reached")
+    assert info.attempts[-1].cause == "time_limit"
+    assert not c.events("fault_detected") and not c.events("recovery_decision")
+    assert c.node_states() == {"workers-0": "idle", "workers-1": "idle"}

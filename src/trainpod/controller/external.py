@@ -42,6 +42,8 @@ class Scheduling:
     declares_nodes = True
     #: a quarantined node can be checked in place through its live agent (no re-provision)
     checks_in_place = False
+    #: trainpod stops a job that runs past its --time (an external scheduler does that itself)
+    enforces_time_limits = True
 
     # -- submission -------------------------------------------------------------------------
     def check_spec(self, spec: JobSpec, part: str, members: int, spares: int) -> None:
