@@ -108,7 +108,8 @@ def create_app(
     @app.post("/v1/jobs/{job_id}/preempt", response_model=JobInfo)
     def preempt(job_id: int, req: PreemptRequest | None = None) -> JobInfo:
         """Admins: stop a running job with a preemption notice and queue it again."""
-        controller.preempt(job_id, req.reason if req is not None else "")
+        req = req or PreemptRequest()
+        controller.preempt(job_id, req.reason, req.grace_s)
         return controller.job_info(job_id)
 
     @app.get("/v1/jobs/{job_id}/logs", response_model=LogChunk)
