@@ -25,10 +25,13 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Mapping
 from pathlib import Path
-from types import FrameType
-from typing import Any
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `import trainpod` stays light (beacon.py)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from types import FrameType
+    from typing import Any
 
 DEFAULT_SIGNAL = "SIGUSR1"
 ENV_SIGNAL = "TRAINPOD_NOTICE_SIGNAL"

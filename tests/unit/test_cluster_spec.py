@@ -23,8 +23,17 @@ from trainpod.spec.cluster import (
 )
 from trainpod.spec.loading import load_cluster_spec, parse_cluster_spec
 from trainpod.spec.preemption import PreemptionPolicy
+from trainpod.spec.sharing import (
+    FairShareSpec,
+    PriorityClassSpec,
+    QuotaAmount,
+    TeamSpec,
+    UserSpec,
+    quota_nodes,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster.yaml"
+SHARED_EXAMPLE = EXAMPLE.with_name("shared-cluster.yaml")
 
 BASE: dict[str, Any] = {
     "name": "demo",
@@ -75,6 +84,14 @@ def _many(*mutations: Mutation) -> Mutation:
 
 
 # (id, mutation of BASE, key path in the message, fragment of the fix)
+def _both(*mutations: Mutation) -> Mutation:
+    def apply(data: dict[str, Any]) -> None:
+        for m in mutations:
+            m(data)
+
+    return apply
+
+
 BAD_SPECS: list[tuple[str, Mutation, str, str]] = [
     ("unknown-top-key", _set("bakend", "local"), "bakend", "did you mean 'backend'?"),
     (
@@ -170,6 +187,47 @@ BAD_SPECS: list[tuple[str, Mutation, str, str]] = [
     ("grace-nan", _set("recovery.teardown_grace_s", float("nan")), "grace_s", "finite number"),
     ("restarts-negative", _set("recovery.max_restarts", -1), "max_restarts", "use 0 or more"),
     ("restarts-float", _set("recovery.max_restarts", 1.5), "max_restarts", "whole number"),
+    (
+        "quota-partition",
+        _set("teams", [{"name": "vision", "quota": {"gpu": 1}}]),
+        "teams[0].quota.gpu",
+        "use one of the partitions",
+    ),
+    (
+        "quota-devices",
+        _both(
+            _set("instance_groups", [{"name": "workers", "count": 2, "devices_per_node": 2}]),
+            _set("partitions", [{"name": "main", "groups": ["workers"]}]),
+            _set("teams", [{"name": "vision", "quota": {"main": {"devices": 3}}}]),
+        ),
+        "teams[0].quota.main",
+        "use a multiple of",
+    ),
+    (
+        "quota-both",
+        _set("teams", [{"name": "vision", "quota": {"main": {"nodes": 1, "devices": 2}}}]),
+        "teams[0].quota.main",
+        "exactly one of `nodes` or `devices`",
+    ),
+    (
+        "user-team",
+        _set("users", [{"name": "alice", "team": "nope"}]),
+        "users[0].team",
+        "use one of the teams",
+    ),
+    ("user-name", _set("users", [{"name": "Alice"}]), "users[0].name", "POSIX user name"),
+    (
+        "two-default-classes",
+        _set("priority_classes", [{"name": n, "value": 1, "default": True} for n in "ab"]),
+        "priority_classes[1].default",
+        "at most one priority class",
+    ),
+    (
+        "team-class",
+        _set("teams", [{"name": "vision", "default_priority_class": "urgent"}]),
+        "teams[0].default_priority_class",
+        "use one of priority_classes",
+    ),
     (
         "notice-not-a-signal",
         _set("preemption.signal", "SIGFOO"),
@@ -304,6 +362,20 @@ def test_example_spec_loads() -> None:
     assert spec.health == HealthPolicy() and spec.recovery == RecoveryPolicy()
 
 
+def test_shared_example_spec_loads() -> None:
+    spec = load_cluster_spec(SHARED_EXAMPLE)
+    assert [c.name for c in spec.priority_classes] == ["high", "normal", "low"]
+    assert {t.name: quota_nodes(spec, t) for t in spec.teams} == {
+        "vision": {"default": 2},
+        "nlp": {"default": 2},
+    }
+    assert [(u.name, u.team, u.role) for u in spec.users] == [
+        ("alice", "vision", "user"),
+        ("bob", "nlp", "user"),
+        ("ops", None, "admin"),
+    ]
+
+
 def test_defaults(tmp_path: Path) -> None:
     spec = parse_cluster_spec(
         {"name": "x", "instance_groups": [{"name": "w", "count": 1}]}, "s", tmp_path
@@ -397,7 +469,19 @@ def test_models_are_frozen_and_hashable(spec_dir: Path) -> None:
 
 @pytest.mark.parametrize(
     "model",
-    [ClusterSpec, InstanceGroup, LifecycleScript, StorageSpec, Partition, HealthPolicy],
+    [
+        ClusterSpec,
+        InstanceGroup,
+        LifecycleScript,
+        StorageSpec,
+        Partition,
+        HealthPolicy,
+        PriorityClassSpec,
+        TeamSpec,
+        UserSpec,
+        QuotaAmount,
+        FairShareSpec,
+    ],
 )
 def test_every_field_is_documented(model: type[pydantic.BaseModel]) -> None:
     for name, field in model.model_fields.items():

@@ -35,6 +35,7 @@ from pathlib import Path
 import psutil
 
 from trainpod import notice, procutil
+from trainpod.agent.accounts import AccountError, run_as
 from trainpod.agent.warmstart import WarmProcess, WarmStarter
 from trainpod.api.models import AttemptReport, KillOrder, LaunchOrder, RankReport
 
@@ -184,29 +185,53 @@ class Launcher:
         return True
 
     def _spawn(self, order: LaunchOrder, rp: RankProcess) -> None:
-        env = {**os.environ, **order.env, **self._node_env}
-        env.update(
+        job_env = {**order.env, **self._node_env}
+        job_env.update(
             RANK=str(rp.rank),
             LOCAL_RANK=str(rp.local_rank),
             ROLE_RANK=str(rp.rank),
-            PYTHONUNBUFFERED=env.get("PYTHONUNBUFFERED", "1"),
+            PYTHONUNBUFFERED=job_env.get(
+                "PYTHONUNBUFFERED", os.environ.get("PYTHONUNBUFFERED", "1")
+            ),
         )
         scratch = Path(self._node_env.get("TRAINPOD_SCRATCH_DIR", ".")) / f"job-{order.job_id}"
-        env["TRAINPOD_JOB_SCRATCH_DIR"] = str(scratch)
-        env[notice.ENV_FILE] = str(self._notice_file(order))
+        job_env["TRAINPOD_JOB_SCRATCH_DIR"] = str(scratch)
+        job_env[notice.ENV_FILE] = str(self._notice_file(order))
+        env = {**os.environ, **job_env}
         rp.started_at = time.time()
         with rp.log_path.open("ab") as out:
             try:
                 scratch.mkdir(parents=True, exist_ok=True)
-                rp.proc = self._warm_start(order, rp, env) or subprocess.Popen(
-                    order.argv,
-                    cwd=order.workdir,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+                if order.account is not None:  # the owner's account: cold, with its env only
+                    account = run_as(order.account)
+                    account.own(scratch)
+                    env = account.env(job_env)
+                    rp.proc = subprocess.Popen(
+                        order.argv,
+                        cwd=order.workdir,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        user=account.uid,
+                        group=account.gid,
+                        extra_groups=list(account.groups),
+                    )
+                else:
+                    rp.proc = self._warm_start(order, rp, env) or subprocess.Popen(
+                        order.argv,
+                        cwd=order.workdir,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+            except AccountError as exc:
+                out.write(f"trainpod: {exc}\n".encode())
+                rp.exit_code, rp.ended_at = 126, time.time()
+                return
             except OSError as exc:
                 # Say why in the rank's own log, and end the rank like a shell would.
                 what = "working directory" if not Path(order.workdir).is_dir() else "command"

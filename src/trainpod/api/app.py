@@ -6,10 +6,10 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -19,21 +19,29 @@ from trainpod.api.models import (
     ClusterInfo,
     EventInfo,
     Heartbeat,
+    IssuedToken,
     JobInfo,
     LaunchPlan,
     LogChunk,
+    NewToken,
     NodeAction,
     NodeInfo,
     Orders,
     PreemptRequest,
+    RevokeRequest,
+    TokenInfo,
+    UserInfo,
+    Whoami,
 )
+from trainpod.controller.access import AGENT, Action, Principal, operator
 from trainpod.controller.core import Controller
 from trainpod.controller.launch import rank_log_path
-from trainpod.errors import Conflict, NotFound, SpecError, TrainpodError
+from trainpod.errors import Conflict, Forbidden, NotFound, SpecError, TrainpodError
 from trainpod.spec.job import JobSpec
+from trainpod.store.accounts import TokenRow, UserRow
 from trainpod.telemetry.goodput import compute_goodput
 
-_STATUS = {SpecError: 400, NotFound: 404, Conflict: 409}
+_STATUS = {SpecError: 400, Forbidden: 403, NotFound: 404, Conflict: 409}
 _MAX_LOG_CHUNK = 256 * 1024
 
 
@@ -52,7 +60,13 @@ def create_app(
         redoc_url=None,
     )
 
-    app.add_middleware(BearerAuth, admin_token=admin_token, agent_token=agent_token)
+    app.add_middleware(
+        BearerAuth,
+        admin_token=admin_token,
+        agent_token=agent_token,
+        operator=operator(controller.cfg.operator),
+        users=controller.access.principal,
+    )
 
     @app.exception_handler(TrainpodError)
     async def trainpod_error(_: Request, exc: TrainpodError) -> JSONResponse:
@@ -68,12 +82,14 @@ def create_app(
         return controller.node_infos()
 
     @app.post("/v1/nodes/{name}/actions", response_model=NodeInfo)
-    def node_action(name: str, action: NodeAction) -> NodeInfo:
+    def node_action(name: str, action: NodeAction, who: Caller) -> NodeInfo:
+        controller.authorize(who, Action.MANAGE_NODES)
         controller.node_action(name, action)
         return next(n for n in controller.node_infos() if n.name == name)
 
     @app.post("/v1/chaos", response_model=ChaosOrder, status_code=201)
-    def chaos(req: ChaosRequest) -> ChaosOrder:
+    def chaos(req: ChaosRequest, who: Caller) -> ChaosOrder:
+        controller.authorize(who, Action.INJECT_FAULTS)
         return controller.chaos(req)
 
     @app.get("/v1/jobs/{job_id}/goodput")
@@ -83,12 +99,32 @@ def create_app(
         return compute_goodput(job, events, time.time()).to_dict()
 
     @app.post("/v1/jobs", response_model=JobInfo, status_code=201)
-    def submit(spec: JobSpec) -> JobInfo:
-        return controller.job_info(controller.submit(spec))
+    def submit(spec: JobSpec, who: Caller) -> JobInfo:
+        return controller.job_info(controller.submit(spec, by=who))
 
     @app.post("/v1/jobs:plan", response_model=LaunchPlan)
-    def plan(spec: JobSpec) -> LaunchPlan:
-        return controller.plan(spec)
+    def plan(spec: JobSpec, who: Caller) -> LaunchPlan:
+        return controller.plan(spec, by=who)
+
+    @app.get("/v1/whoami", response_model=Whoami)
+    def whoami(who: Caller) -> Whoami:
+        return Whoami(name=who.name, role=who.role, team=who.team, account=who.account)
+
+    @app.get("/v1/users", response_model=list[UserInfo])
+    def users(who: Caller) -> list[UserInfo]:
+        return [_user_info(u, tokens) for u, tokens in controller.access.users(who)]
+
+    @app.post("/v1/users", response_model=IssuedToken, status_code=201)
+    def add_user(req: NewToken, who: Caller) -> IssuedToken:
+        teams = {t.name for t in controller.cfg.teams}
+        user, token, secret = controller.access.add_user(
+            who, req.name, team=req.team, role=req.role, teams=teams
+        )
+        return IssuedToken(user=_user_info(user, [token]), token_id=token.id, token=secret)
+
+    @app.post("/v1/users/{name}/revoke", response_model=list[str])
+    def revoke(name: str, req: RevokeRequest, who: Caller) -> list[str]:
+        return controller.access.revoke(who, name, req.token_id)
 
     @app.get("/v1/jobs", response_model=list[JobInfo])
     def jobs(all: bool = True, limit: int | None = None) -> Response:
@@ -101,19 +137,23 @@ def create_app(
         return controller.job_info(job_id)
 
     @app.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo)
-    def cancel(job_id: int) -> JobInfo:
-        controller.cancel(job_id)
+    def cancel(job_id: int, who: Caller) -> JobInfo:
+        controller.cancel(job_id, by=who)
         return controller.job_info(job_id)
 
     @app.post("/v1/jobs/{job_id}/preempt", response_model=JobInfo)
-    def preempt(job_id: int, req: PreemptRequest | None = None) -> JobInfo:
+    def preempt(job_id: int, who: Caller, req: PreemptRequest | None = None) -> JobInfo:
         """Admins: stop a running job with a preemption notice and queue it again."""
+        controller.authorize(who, Action.PREEMPT, job_id)
         req = req or PreemptRequest()
         controller.preempt(job_id, req.reason, req.grace_s)
         return controller.job_info(job_id)
 
     @app.get("/v1/jobs/{job_id}/logs", response_model=LogChunk)
-    def logs(job_id: int, rank: int = 0, attempt: int | None = None, offset: int = 0) -> LogChunk:
+    def logs(
+        job_id: int, who: Caller, rank: int = 0, attempt: int | None = None, offset: int = 0
+    ) -> LogChunk:
+        controller.authorize(who, Action.READ_LOGS, job_id)
         info = controller.job_info(job_id)
         number = attempt or (info.attempts[-1].number if info.attempts else 0)
         ended = info.state in ("completed", "failed", "cancelled")
@@ -149,15 +189,40 @@ def create_app(
 
 
 class BearerAuth:
-    """Every call needs a bearer token: the admin token opens everything, the agents' token
-    only ``/v1/agent/``. A plain ASGI middleware: Starlette's ``@app.middleware("http")``
-    wraps every request and response in extra streams and tasks, a cost paid by every
-    heartbeat of every agent."""
+    """Every call needs a bearer token, and is made as the principal it names: the admin
+    token (the cluster's creator, an admin), the agents' token (only ``/v1/agent/``) or a
+    user's token (everything but the agent API; what they may do there is the access
+    policy's, :mod:`trainpod.controller.access`). The principal goes in the request's state.
 
-    def __init__(self, app: ASGIApp, *, admin_token: str, agent_token: str) -> None:
+    A plain ASGI middleware: Starlette's ``@app.middleware("http")`` wraps every request and
+    response in extra streams and tasks, a cost paid by every heartbeat of every agent."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        admin_token: str,
+        agent_token: str,
+        operator: Principal,
+        users: Callable[[str], Principal | None],
+    ) -> None:
         self.app = app
         self._admin = admin_token.encode()
         self._agent = agent_token.encode()
+        self._operator = operator
+        self._users = users
+
+    def _principal(self, token: bytes) -> Principal | None:
+        if not token:
+            return None
+        if secrets.compare_digest(token, self._admin):
+            return self._operator
+        if secrets.compare_digest(token, self._agent):
+            return AGENT
+        try:
+            return self._users(token.decode())
+        except UnicodeDecodeError:
+            return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -165,17 +230,49 @@ class BearerAuth:
             return
         header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         token = header[7:] if header[:7].lower() == b"bearer " else b""
-        admin = bool(token) and secrets.compare_digest(token, self._admin)
-        agent = bool(token) and secrets.compare_digest(token, self._agent)
-        if admin or (agent and str(scope["path"]).startswith("/v1/agent/")):
+        who = self._principal(token)
+        agent_api = str(scope["path"]).startswith("/v1/agent/")
+        if who is not None and (who.is_admin or (who.role == "agent") == agent_api):
+            scope.setdefault("state", {})["principal"] = who
             await self.app(scope, receive, send)
             return
-        refused = JSONResponse(
-            {"error": "Unauthorized", "message": "a valid bearer token is required; "
-             "the CLI reads it from the cluster's state dir (admin.token)"},
-            status_code=401,
-        )  # fmt: skip
+        if who is None:
+            status, error = 401, "Unauthorized"
+            message = (
+                "a valid bearer token is required; the CLI reads it from TRAINPOD_TOKEN, "
+                "`trainpod login`, or the cluster's state dir (admin.token)"
+            )
+        elif who.role == "agent":
+            status, error = 403, "Forbidden"
+            message = "the agents' token reaches only the agent API (/v1/agent/)"
+        else:
+            status, error = 403, "Forbidden"
+            message = f"{who.name} may not call the agent API: only node agents may"
+        refused = JSONResponse({"error": error, "message": message}, status_code=status)
         await refused(scope, receive, send)
+
+
+def caller(request: Request) -> Principal:
+    """The principal the call is made as (set by :class:`BearerAuth`)."""
+    who = request.state.principal
+    assert isinstance(who, Principal)
+    return who
+
+
+Caller = Annotated[Principal, Depends(caller)]
+
+
+def _user_info(u: UserRow, tokens: list[TokenRow]) -> UserInfo:
+    return UserInfo(
+        name=u.name,
+        team=u.team,
+        role=u.role,
+        account=u.account,
+        source=u.source,
+        tokens=[
+            TokenInfo(id=t.id, created_at=t.created_at, revoked_at=t.revoked_at) for t in tokens
+        ],
+    )
 
 
 def _read_from(path: Path, offset: int) -> tuple[str, int]:

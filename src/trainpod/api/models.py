@@ -167,6 +167,9 @@ class LaunchOrder(_Model):
     env: dict[str, str]
     ranks: list[RankSlot]
     log_dir: str
+    account: str | None = Field(
+        default=None, description="the POSIX account the ranks run as (None: the agent's)"
+    )
 
 
 class KillOrder(_Model):
@@ -361,3 +364,44 @@ class LogChunk(_Model):
     offset: int
     data: str
     job_ended: bool
+
+
+# -- users and tokens -------------------------------------------------------------------------
+class TokenInfo(_Model):
+    id: str
+    created_at: float
+    revoked_at: float | None
+
+
+class UserInfo(_Model):
+    name: str
+    team: str | None
+    role: str
+    account: str | None = Field(description="the POSIX account their work runs as")
+    source: str = Field(description="spec (declared in the cluster spec) or cli (users add)")
+    tokens: list[TokenInfo] = Field(default_factory=list)
+
+
+class NewToken(_Model):
+    """``POST /v1/users``: a token for a user (added if the spec does not declare them)."""
+
+    name: str = Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$", description="a POSIX user name")
+    team: str | None = None
+    role: Literal["user", "admin"] = "user"
+
+
+class IssuedToken(_Model):
+    user: UserInfo
+    token_id: str
+    token: str = Field(description="shown once; only its hash is kept")
+
+
+class RevokeRequest(_Model):
+    token_id: str | None = Field(default=None, description="None: every live token")
+
+
+class Whoami(_Model):
+    name: str
+    role: str
+    team: str | None
+    account: str | None

@@ -17,6 +17,7 @@ from trainpod.errors import (
     Conflict,
     ControllerUnavailable,
     Fatal,
+    Forbidden,
     NotFound,
     SpecError,
     TrainpodError,
@@ -37,8 +38,13 @@ _PLAN = TypeAdapter(wire.LaunchPlan)
 _LOGS = TypeAdapter(wire.LogChunk)
 _EVENTS = TypeAdapter(list[wire.EventInfo])
 _ORDERS = TypeAdapter(wire.Orders)
+_WHOAMI = TypeAdapter(wire.Whoami)
+_USERS = TypeAdapter(list[wire.UserInfo])
+_ISSUED = TypeAdapter(wire.IssuedToken)
+_IDS = TypeAdapter(list[str])
 _ERRORS: dict[str, type[TrainpodError]] = {
     "SpecError": SpecError,
+    "Forbidden": Forbidden,
     "NotFound": NotFound,
     "Conflict": Conflict,
 }
@@ -147,6 +153,20 @@ class TrainpodClient:
     ) -> list[wire.EventInfo]:
         params = {"job": job_id, "node": node, "after": after, "limit": limit}
         return self._call("GET", "/v1/events", _EVENTS, params=params)
+
+    # -- users ------------------------------------------------------------------------------
+    def whoami(self) -> wire.Whoami:
+        return self._call("GET", "/v1/whoami", _WHOAMI)
+
+    def users(self) -> list[wire.UserInfo]:
+        return self._call("GET", "/v1/users", _USERS)
+
+    def add_user(self, req: wire.NewToken) -> wire.IssuedToken:
+        return self._call("POST", "/v1/users", _ISSUED, body=req)
+
+    def revoke(self, name: str, token_id: str | None = None) -> list[str]:
+        body = wire.RevokeRequest(token_id=token_id)
+        return self._call("POST", f"/v1/users/{name}/revoke", _IDS, body=body)
 
     # -- agents -----------------------------------------------------------------------------
     def heartbeat(self, hb: wire.Heartbeat) -> wire.Orders:

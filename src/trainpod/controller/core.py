@@ -40,6 +40,7 @@ from trainpod.api.models import (
     Orders,
 )
 from trainpod.clock import Clock, SystemClock
+from trainpod.controller.access import Access, Action, Principal, owned_by
 from trainpod.controller.admission import Admission
 from trainpod.controller.books import BeaconBook, ChaosBook
 from trainpod.controller.checkpoints import CheckpointEvents
@@ -139,6 +140,7 @@ class Controller:
             self.clock.now,
         )
         self.admission = Admission(config, self.tx, self.scheduling)
+        self.access = Access(store, self.clock, self._lock)
         self.planner = Planner(store, config, self.tx, self.scheduling, self.executor)
         self.operators = Operators(store, self.tx, self.scheduling, self.executor, self.repair)
 
@@ -162,11 +164,17 @@ class Controller:
             self.store.set_meta("started_at", repr(now))
             self.store.touch_heartbeats(now)
             self.store.append(now, ControllerStarted(restarted=restarted))
+            self.access.seed(self.cfg.users)
             self.wake.bump()
 
     # -- jobs -----------------------------------------------------------------------------
-    def submit(self, spec: JobSpec) -> int:
-        """Queue a job; returns its id. Raises :class:`SpecError` for a job that can never run."""
+    def submit(self, spec: JobSpec, by: Principal | None = None) -> int:
+        """Queue a job; returns its id. Raises :class:`SpecError` for a job that can never run.
+
+        ``by``: the caller, who becomes the owner whatever ``spec.user`` says (the API
+        always passes it; None: trusted in-process callers such as tests)."""
+        if by is not None:
+            spec = spec.model_copy(update=owned_by(by))
         resolved = self.admission.resolve(spec)
         now = self.clock.now()
         with self._lock, self.store.transaction():
@@ -189,13 +197,18 @@ class Controller:
             self.wake.bump()
         return job_id
 
-    def plan(self, spec: JobSpec) -> LaunchPlan:
+    def plan(self, spec: JobSpec, by: Principal | None = None) -> LaunchPlan:
         """What :meth:`submit` would launch if the job were placed now (``--dry-run``)."""
+        if by is not None:
+            spec = spec.model_copy(update=owned_by(by))
         with self._lock:
             return self.admission.plan(spec)
 
-    def cancel(self, job_id: int) -> JobRow:
-        """Ask for a job to end. Idempotent; an ended job raises :class:`Conflict`."""
+    def cancel(self, job_id: int, by: Principal | None = None) -> JobRow:
+        """Ask for a job to end. Idempotent; an ended job raises :class:`Conflict`; a caller
+        who is neither its owner nor an admin, :class:`~trainpod.errors.Forbidden`."""
+        if by is not None:
+            self.authorize(by, Action.CANCEL, job_id)
         now = self.clock.now()
         with self._lock, self.store.transaction():
             job = self.tx.job(job_id)
@@ -214,6 +227,13 @@ class Controller:
                     self.executor.reconcile(attempt.id, now, {})
             self.wake.bump()
             return self.tx.job(job_id)
+
+    def authorize(self, by: Principal, action: Action, job_id: int | None = None) -> None:
+        """Return if ``by`` may do ``action`` (on the job); else record the refusal and
+        raise :class:`~trainpod.errors.Forbidden` (see :mod:`trainpod.controller.access`)."""
+        with self._lock:
+            job = self.tx.job(job_id) if job_id is not None else None
+        self.access.authorize(by, action, job)
 
     def preempt(self, job_id: int, reason: str = "", grace_s: float | None = None) -> JobRow:
         """Preempt a running job by hand (an admin's), as a scheduler's ``Preempt`` would:
