@@ -352,6 +352,9 @@ class NodeAction(_Model):
 
 class PreemptRequest(_Model):
     reason: str = Field(default="", description="why: shown as the job's reason and event")
+    grace_s: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="notice → teardown (default: spec)"
+    )
 
 
 class ChaosRequest(_Model):
