@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trainpod.api.models import (
+    AllocationLease,
     ChaosOrder,
     ChaosRequest,
     ClusterInfo,
@@ -25,6 +26,10 @@ from trainpod.api.models import (
     NodeAction,
     NodeInfo,
     Orders,
+    ShellContext,
+    StepEnd,
+    StepPlan,
+    StepRequest,
 )
 from trainpod.controller.core import Controller
 from trainpod.controller.launch import rank_log_path
@@ -123,6 +128,35 @@ def create_app(
     ) -> list[EventInfo]:
         return controller.event_infos(job_id=job, node=node, after=after, limit=limit)
 
+    # -- interactive work: trainpod alloc / shell / run (controller/allocations.py) -------
+    @app.post("/v1/jobs/{job_id}/lease", response_model=AllocationLease)
+    def renew_lease(request: Request, job_id: int) -> AllocationLease:
+        may_act_on_job(request, controller.job_info(job_id), "renew the allocation of")
+        return controller.renew_allocation(job_id)
+
+    @app.post("/v1/jobs/{job_id}/release", response_model=JobInfo)
+    def release(request: Request, job_id: int, reason: str = "released") -> JobInfo:
+        may_act_on_job(request, controller.job_info(job_id), "release the allocation of")
+        controller.release_allocation(job_id, reason)
+        return controller.job_info(job_id)
+
+    @app.get("/v1/shell", response_model=ShellContext)
+    def shell(request: Request, node: str | None = None, job: int | None = None) -> ShellContext:
+        if job is not None:
+            may_act_on_job(request, controller.job_info(job), "open a shell in")
+        return controller.shell_context(node, job)
+
+    @app.post("/v1/jobs/{job_id}/steps", response_model=StepPlan, status_code=201)
+    def start_step(request: Request, job_id: int, req: StepRequest) -> StepPlan:
+        may_act_on_job(request, controller.job_info(job_id), "run a step in")
+        return controller.start_step(job_id, req)
+
+    @app.post("/v1/jobs/{job_id}/steps/{step}/end", status_code=204)
+    def end_step(request: Request, job_id: int, step: int, end: StepEnd) -> Response:
+        may_act_on_job(request, controller.job_info(job_id), "end a step of")
+        controller.end_step(job_id, step, end.exit_code)
+        return Response(status_code=204)
+
     @app.post("/v1/agent/heartbeat", response_model=Orders)
     async def heartbeat(hb: Heartbeat) -> Response:
         # Recording takes the controller's lock (a worker thread); the long poll then waits
@@ -138,6 +172,18 @@ def create_app(
         return Response(content=body, media_type="application/json")  # built: not re-checked
 
     return app
+
+
+def may_act_on_job(request: Request, job: JobInfo, action: str) -> None:
+    """The one place the owner check of interactive work goes: only the job's owner or an
+    admin may shell into, alloc into, run in or release a job.
+
+    Today every caller holding the admin token is an admin, so nothing is refused. With
+    per-user tokens: take the principal the auth middleware put on the request, and raise a
+    403 (with ``action`` and ``job.id`` in the message, and an event) unless it is an admin
+    or ``job.spec.user``.
+    """
+    del request, job, action
 
 
 class BearerAuth:

@@ -41,6 +41,9 @@ class Scheduling:
     declares_nodes = True
     #: a quarantined node can be checked in place through its live agent (no re-provision)
     checks_in_place = False
+    #: `trainpod alloc` allocations are held by trainpod, leased to their CLI
+    #: (controller/allocations.py); under Slurm, salloc holds them
+    leases_allocations = True
 
     # -- submission -------------------------------------------------------------------------
     def check_spec(self, spec: JobSpec, part: str, members: int, spares: int) -> None:

@@ -61,7 +61,9 @@ class JobSpec(BaseModel):
     dependency: str | None = Field(default=None, description="Slurm --dependency, verbatim")
     exclude: list[str] = Field(default_factory=list, description="Slurm nodes never to use")
     interactive: bool = Field(
-        default=False, description="Slurm: allocated by `trainpod alloc` (salloc), not sbatch"
+        default=False,
+        description="an allocation held by `trainpod alloc` (embedded: hold processes, its "
+        "shell and `trainpod run` steps; Slurm: salloc), not a batch job",
     )
 
     @field_validator("time_limit")
@@ -78,7 +80,8 @@ class JobSpec(BaseModel):
         """The Slurm pass-through options this job sets (empty for a plain job)."""
         named = {
             "--spares": self.spares or None,
-            "--time": self.time_limit,
+            # An allocation's --time is kept by trainpod too (controller/allocations.py).
+            "--time": None if self.interactive else self.time_limit,
             "--nice": self.nice,
             "--priority": self.priority,
             "--dependency": self.dependency,
