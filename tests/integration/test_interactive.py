@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pexpect  # type: ignore[import-untyped]  # no stubs (types-pexpect is not installed)
+import pexpect
 import pytest
 
 from tests.integration.conftest import Cluster
@@ -223,6 +223,7 @@ def test_killed_cli_does_not_hold_nodes_forever(
     term = open_terminal(terminals, cluster, "alloc", "-N", "2", "--shell", SHELL)
     term.prompt()
     job_id = int(term.probe()["job"])
+    assert term.child.pid is not None
     os.kill(term.child.pid, signal.SIGKILL)  # no handler runs: only the lease can end it
     expired = event_of(cluster, job_id, AllocationExpired)
     assert isinstance(expired, AllocationExpired)

@@ -129,6 +129,11 @@ class Allocations:
                 f"allocation {job_id} has ended ({job.state.value}: {job.reason}); "
                 "make a new one with `trainpod alloc`"
             )
+        if job.cancel_requested:  # released, expired or cancelled: never re-armed
+            raise Conflict(
+                f"allocation {job_id} is ending ({job.reason or 'cancel requested'}); "
+                "make a new one with `trainpod alloc`"
+            )
         lease = lease_s(self.cfg)
         if self.leases:
             self._deadline[job_id] = now + lease
