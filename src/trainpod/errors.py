@@ -32,5 +32,9 @@ class Conflict(Fatal):
     """The request conflicts with the current state (a name in use, a job already ended)."""
 
 
+class Forbidden(Fatal):
+    """The caller may not do this (another user's job, an admin's operation)."""
+
+
 class ControllerUnavailable(Retryable):
     """The controller could not be reached."""

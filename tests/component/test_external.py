@@ -243,8 +243,8 @@ def test_slurm_options_are_refused_on_the_embedded_backend(tmp_path: Path) -> No
     cfg = make_config(tmp_path)
     c = Controller(Store.open(tmp_path / "db.sqlite"), cfg, clock=FakeClock())
     c.bootstrap()
-    with pytest.raises(SpecError, match="--spares, --time only apply on a Slurm cluster"):
-        c.submit(JobSpec(command=["x"], spares=1, time_limit="10"))
+    with pytest.raises(SpecError, match="--spares, --nice only apply on a Slurm cluster"):
+        c.submit(JobSpec(command=["x"], spares=1, nice=3, time_limit="10"))
     c.store.close()
 
 

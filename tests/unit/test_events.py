@@ -94,6 +94,24 @@ SAMPLES: list[tuple[ev.Event, dict[str, Any]]] = [
     ),
     (ev.JobFirstStart(job_id=3), dict(kind="job_first_start", job_id=3)),
     (
+        ev.AccessDenied(user="bob", action="cancel", job_id=3, reason="it belongs to alice"),
+        dict(
+            kind="access_denied",
+            user="bob",
+            action="cancel",
+            job_id=3,
+            reason="it belongs to alice",
+        ),
+    ),
+    (
+        ev.TokenIssued(user="alice", token_id="ab12cd34", by="root"),
+        dict(kind="token_issued", user="alice", token_id="ab12cd34", by="root"),
+    ),
+    (
+        ev.TokensRevoked(user="alice", token_ids=("ab12cd34",), by="root"),
+        dict(kind="tokens_revoked", user="alice", token_ids=["ab12cd34"], by="root"),
+    ),
+    (
         ev.JobPreempted(job_id=3, attempt=1, reason="priority 10 job 4 needs the nodes"),
         dict(kind="job_preempted", job_id=3, attempt=1, reason="priority 10 job 4 needs the nodes"),
     ),

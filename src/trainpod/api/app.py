@@ -6,10 +6,10 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -20,24 +20,32 @@ from trainpod.api.models import (
     ClusterInfo,
     EventInfo,
     Heartbeat,
+    IssuedToken,
     JobInfo,
     LaunchPlan,
     LogChunk,
+    NewToken,
     NodeAction,
     NodeInfo,
     Orders,
+    RevokeRequest,
     ShellContext,
     StepEnd,
     StepPlan,
     StepRequest,
+    TokenInfo,
+    UserInfo,
+    Whoami,
 )
+from trainpod.controller.access import AGENT, Action, Principal, operator
 from trainpod.controller.core import Controller
 from trainpod.controller.launch import rank_log_path
-from trainpod.errors import Conflict, NotFound, SpecError, TrainpodError
+from trainpod.errors import Conflict, Forbidden, NotFound, SpecError, TrainpodError
 from trainpod.spec.job import JobSpec
+from trainpod.store.accounts import TokenRow, UserRow
 from trainpod.telemetry.goodput import compute_goodput
 
-_STATUS = {SpecError: 400, NotFound: 404, Conflict: 409}
+_STATUS = {SpecError: 400, Forbidden: 403, NotFound: 404, Conflict: 409}
 _MAX_LOG_CHUNK = 256 * 1024
 
 
@@ -56,7 +64,13 @@ def create_app(
         redoc_url=None,
     )
 
-    app.add_middleware(BearerAuth, admin_token=admin_token, agent_token=agent_token)
+    app.add_middleware(
+        BearerAuth,
+        admin_token=admin_token,
+        agent_token=agent_token,
+        operator=operator(controller.cfg.operator),
+        users=controller.access.principal,
+    )
 
     @app.exception_handler(TrainpodError)
     async def trainpod_error(_: Request, exc: TrainpodError) -> JSONResponse:
@@ -72,12 +86,14 @@ def create_app(
         return controller.node_infos()
 
     @app.post("/v1/nodes/{name}/actions", response_model=NodeInfo)
-    def node_action(name: str, action: NodeAction) -> NodeInfo:
+    def node_action(name: str, action: NodeAction, who: Caller) -> NodeInfo:
+        controller.authorize(who, Action.MANAGE_NODES)
         controller.node_action(name, action)
         return next(n for n in controller.node_infos() if n.name == name)
 
     @app.post("/v1/chaos", response_model=ChaosOrder, status_code=201)
-    def chaos(req: ChaosRequest) -> ChaosOrder:
+    def chaos(req: ChaosRequest, who: Caller) -> ChaosOrder:
+        controller.authorize(who, Action.INJECT_FAULTS)
         return controller.chaos(req)
 
     @app.get("/v1/jobs/{job_id}/goodput")
@@ -87,12 +103,32 @@ def create_app(
         return compute_goodput(job, events, time.time()).to_dict()
 
     @app.post("/v1/jobs", response_model=JobInfo, status_code=201)
-    def submit(spec: JobSpec) -> JobInfo:
-        return controller.job_info(controller.submit(spec))
+    def submit(spec: JobSpec, who: Caller) -> JobInfo:
+        return controller.job_info(controller.submit(spec, by=who))
 
     @app.post("/v1/jobs:plan", response_model=LaunchPlan)
-    def plan(spec: JobSpec) -> LaunchPlan:
-        return controller.plan(spec)
+    def plan(spec: JobSpec, who: Caller) -> LaunchPlan:
+        return controller.plan(spec, by=who)
+
+    @app.get("/v1/whoami", response_model=Whoami)
+    def whoami(who: Caller) -> Whoami:
+        return Whoami(name=who.name, role=who.role, team=who.team, account=who.account)
+
+    @app.get("/v1/users", response_model=list[UserInfo])
+    def users(who: Caller) -> list[UserInfo]:
+        return [_user_info(u, tokens) for u, tokens in controller.access.users(who)]
+
+    @app.post("/v1/users", response_model=IssuedToken, status_code=201)
+    def add_user(req: NewToken, who: Caller) -> IssuedToken:
+        teams = {t.name for t in controller.cfg.teams}
+        user, token, secret = controller.access.add_user(
+            who, req.name, team=req.team, role=req.role, teams=teams
+        )
+        return IssuedToken(user=_user_info(user, [token]), token_id=token.id, token=secret)
+
+    @app.post("/v1/users/{name}/revoke", response_model=list[str])
+    def revoke(name: str, req: RevokeRequest, who: Caller) -> list[str]:
+        return controller.access.revoke(who, name, req.token_id)
 
     @app.get("/v1/jobs", response_model=list[JobInfo])
     def jobs(all: bool = True, limit: int | None = None) -> Response:
@@ -105,12 +141,15 @@ def create_app(
         return controller.job_info(job_id)
 
     @app.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo)
-    def cancel(job_id: int) -> JobInfo:
-        controller.cancel(job_id)
+    def cancel(job_id: int, who: Caller) -> JobInfo:
+        controller.cancel(job_id, by=who)
         return controller.job_info(job_id)
 
     @app.get("/v1/jobs/{job_id}/logs", response_model=LogChunk)
-    def logs(job_id: int, rank: int = 0, attempt: int | None = None, offset: int = 0) -> LogChunk:
+    def logs(
+        job_id: int, who: Caller, rank: int = 0, attempt: int | None = None, offset: int = 0
+    ) -> LogChunk:
+        controller.authorize(who, Action.READ_LOGS, job_id)
         info = controller.job_info(job_id)
         number = attempt or (info.attempts[-1].number if info.attempts else 0)
         ended = info.state in ("completed", "failed", "cancelled")
@@ -129,31 +168,33 @@ def create_app(
         return controller.event_infos(job_id=job, node=node, after=after, limit=limit)
 
     # -- interactive work: trainpod alloc / shell / run (controller/allocations.py) -------
+    # Only the job's owner or an admin (controller/access.py): a refusal is a 403 + event.
     @app.post("/v1/jobs/{job_id}/lease", response_model=AllocationLease)
-    def renew_lease(request: Request, job_id: int) -> AllocationLease:
-        may_act_on_job(request, controller.job_info(job_id), "renew the allocation of")
+    def renew_lease(job_id: int, who: Caller) -> AllocationLease:
+        controller.authorize(who, Action.ALLOC, job_id)
         return controller.renew_allocation(job_id)
 
     @app.post("/v1/jobs/{job_id}/release", response_model=JobInfo)
-    def release(request: Request, job_id: int, reason: str = "released") -> JobInfo:
-        may_act_on_job(request, controller.job_info(job_id), "release the allocation of")
+    def release(job_id: int, who: Caller, reason: str = "released") -> JobInfo:
+        controller.authorize(who, Action.ALLOC, job_id)
         controller.release_allocation(job_id, reason)
         return controller.job_info(job_id)
 
     @app.get("/v1/shell", response_model=ShellContext)
-    def shell(request: Request, node: str | None = None, job: int | None = None) -> ShellContext:
-        if job is not None:
-            may_act_on_job(request, controller.job_info(job), "open a shell in")
+    def shell(who: Caller, node: str | None = None, job: int | None = None) -> ShellContext:
+        # A node's shell is a shell in the job it runs, if any: its owner's (or an admin's).
+        held = job if job is not None or node is None else controller.job_on(node)
+        controller.authorize(who, Action.SHELL, held)
         return controller.shell_context(node, job)
 
     @app.post("/v1/jobs/{job_id}/steps", response_model=StepPlan, status_code=201)
-    def start_step(request: Request, job_id: int, req: StepRequest) -> StepPlan:
-        may_act_on_job(request, controller.job_info(job_id), "run a step in")
+    def start_step(job_id: int, req: StepRequest, who: Caller) -> StepPlan:
+        controller.authorize(who, Action.ALLOC, job_id)
         return controller.start_step(job_id, req)
 
     @app.post("/v1/jobs/{job_id}/steps/{step}/end", status_code=204)
-    def end_step(request: Request, job_id: int, step: int, end: StepEnd) -> Response:
-        may_act_on_job(request, controller.job_info(job_id), "end a step of")
+    def end_step(job_id: int, step: int, end: StepEnd, who: Caller) -> Response:
+        controller.authorize(who, Action.ALLOC, job_id)
         controller.end_step(job_id, step, end.exit_code)
         return Response(status_code=204)
 
@@ -174,28 +215,41 @@ def create_app(
     return app
 
 
-def may_act_on_job(request: Request, job: JobInfo, action: str) -> None:
-    """The one place the owner check of interactive work goes: only the job's owner or an
-    admin may shell into, alloc into, run in or release a job.
-
-    Today every caller holding the admin token is an admin, so nothing is refused. With
-    per-user tokens: take the principal the auth middleware put on the request, and raise a
-    403 (with ``action`` and ``job.id`` in the message, and an event) unless it is an admin
-    or ``job.spec.user``.
-    """
-    del request, job, action
-
-
 class BearerAuth:
-    """Every call needs a bearer token: the admin token opens everything, the agents' token
-    only ``/v1/agent/``. A plain ASGI middleware: Starlette's ``@app.middleware("http")``
-    wraps every request and response in extra streams and tasks, a cost paid by every
-    heartbeat of every agent."""
+    """Every call needs a bearer token, and is made as the principal it names: the admin
+    token (the cluster's creator, an admin), the agents' token (only ``/v1/agent/``) or a
+    user's token (everything but the agent API; what they may do there is the access
+    policy's, :mod:`trainpod.controller.access`). The principal goes in the request's state.
 
-    def __init__(self, app: ASGIApp, *, admin_token: str, agent_token: str) -> None:
+    A plain ASGI middleware: Starlette's ``@app.middleware("http")`` wraps every request and
+    response in extra streams and tasks, a cost paid by every heartbeat of every agent."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        admin_token: str,
+        agent_token: str,
+        operator: Principal,
+        users: Callable[[str], Principal | None],
+    ) -> None:
         self.app = app
         self._admin = admin_token.encode()
         self._agent = agent_token.encode()
+        self._operator = operator
+        self._users = users
+
+    def _principal(self, token: bytes) -> Principal | None:
+        if not token:
+            return None
+        if secrets.compare_digest(token, self._admin):
+            return self._operator
+        if secrets.compare_digest(token, self._agent):
+            return AGENT
+        try:
+            return self._users(token.decode())
+        except UnicodeDecodeError:
+            return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -203,17 +257,49 @@ class BearerAuth:
             return
         header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         token = header[7:] if header[:7].lower() == b"bearer " else b""
-        admin = bool(token) and secrets.compare_digest(token, self._admin)
-        agent = bool(token) and secrets.compare_digest(token, self._agent)
-        if admin or (agent and str(scope["path"]).startswith("/v1/agent/")):
+        who = self._principal(token)
+        agent_api = str(scope["path"]).startswith("/v1/agent/")
+        if who is not None and (who.is_admin or (who.role == "agent") == agent_api):
+            scope.setdefault("state", {})["principal"] = who
             await self.app(scope, receive, send)
             return
-        refused = JSONResponse(
-            {"error": "Unauthorized", "message": "a valid bearer token is required; "
-             "the CLI reads it from the cluster's state dir (admin.token)"},
-            status_code=401,
-        )  # fmt: skip
+        if who is None:
+            status, error = 401, "Unauthorized"
+            message = (
+                "a valid bearer token is required; the CLI reads it from TRAINPOD_TOKEN, "
+                "`trainpod login`, or the cluster's state dir (admin.token)"
+            )
+        elif who.role == "agent":
+            status, error = 403, "Forbidden"
+            message = "the agents' token reaches only the agent API (/v1/agent/)"
+        else:
+            status, error = 403, "Forbidden"
+            message = f"{who.name} may not call the agent API: only node agents may"
+        refused = JSONResponse({"error": error, "message": message}, status_code=status)
         await refused(scope, receive, send)
+
+
+def caller(request: Request) -> Principal:
+    """The principal the call is made as (set by :class:`BearerAuth`)."""
+    who = request.state.principal
+    assert isinstance(who, Principal)
+    return who
+
+
+Caller = Annotated[Principal, Depends(caller)]
+
+
+def _user_info(u: UserRow, tokens: list[TokenRow]) -> UserInfo:
+    return UserInfo(
+        name=u.name,
+        team=u.team,
+        role=u.role,
+        account=u.account,
+        source=u.source,
+        tokens=[
+            TokenInfo(id=t.id, created_at=t.created_at, revoked_at=t.revoked_at) for t in tokens
+        ],
+    )
 
 
 def _read_from(path: Path, offset: int) -> tuple[str, int]:

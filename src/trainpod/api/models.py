@@ -396,3 +396,44 @@ class StepPlan(_Model):
 
 class StepEnd(_Model):
     exit_code: int
+
+
+# -- users and tokens -------------------------------------------------------------------------
+class TokenInfo(_Model):
+    id: str
+    created_at: float
+    revoked_at: float | None
+
+
+class UserInfo(_Model):
+    name: str
+    team: str | None
+    role: str
+    account: str | None = Field(description="the POSIX account their work runs as")
+    source: str = Field(description="spec (declared in the cluster spec) or cli (users add)")
+    tokens: list[TokenInfo] = Field(default_factory=list)
+
+
+class NewToken(_Model):
+    """``POST /v1/users``: a token for a user (added if the spec does not declare them)."""
+
+    name: str = Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$", description="a POSIX user name")
+    team: str | None = None
+    role: Literal["user", "admin"] = "user"
+
+
+class IssuedToken(_Model):
+    user: UserInfo
+    token_id: str
+    token: str = Field(description="shown once; only its hash is kept")
+
+
+class RevokeRequest(_Model):
+    token_id: str | None = Field(default=None, description="None: every live token")
+
+
+class Whoami(_Model):
+    name: str
+    role: str
+    team: str | None
+    account: str | None

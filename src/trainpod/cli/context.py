@@ -2,11 +2,16 @@
 
 Precedence: ``--cluster`` > ``$TRAINPOD_CLUSTER`` > the cluster made current by the last
 ``cluster create`` > the only cluster there is.
+
+The token a command calls with: ``$TRAINPOD_TOKEN`` > the one ``trainpod login`` saved
+(``$TRAINPOD_HOME/tokens/<cluster>.token``, 0600) > the cluster's admin token (readable by
+the cluster's creator only).
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import NotFound
@@ -48,7 +53,40 @@ def resolve_cluster(name: str | None) -> ClusterPaths:
     return ClusterPaths.of(name)
 
 
+def token_file(cluster: str) -> Path:
+    """Where ``trainpod login`` keeps a user's token for ``cluster``."""
+    return trainpod_home() / "tokens" / f"{cluster}.token"
+
+
+def save_token(cluster: str, token: str) -> Path:
+    """Write ``token`` for ``cluster``, readable by its owner only (0600, dir 0700)."""
+    path = token_file(cluster)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    os.chmod(path, 0o600)  # an existing file keeps its old mode through O_CREAT
+    return path
+
+
+def token_for(paths: ClusterPaths) -> str:
+    env = os.environ.get("TRAINPOD_TOKEN", "").strip()
+    if env:
+        return env
+    saved = token_file(paths.name)
+    if saved.exists():
+        return saved.read_text().strip()
+    try:
+        return read_secret(paths.admin_token)
+    except OSError as exc:
+        raise NotFound(
+            f"no token for cluster {paths.name}: set TRAINPOD_TOKEN or run "
+            f"`trainpod login --cluster {paths.name}` with the token an admin gave you "
+            f"(`trainpod users add NAME`)"
+        ) from exc
+
+
 def client_for(name: str | None) -> TrainpodClient:
     paths = resolve_cluster(name)
     record = ClusterRecord.load(paths)
-    return TrainpodClient(record.url, read_secret(paths.admin_token))
+    return TrainpodClient(record.url, token_for(paths))

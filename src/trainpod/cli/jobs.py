@@ -59,7 +59,13 @@ def submit(
     hang_timeout_s: float = typer.Option(None, "--hang-timeout-s"),
     startup_timeout_s: float = typer.Option(None, "--startup-timeout-s"),
     spares: int = typer.Option(0, "--spares", help="Slurm: hot spares inside the allocation"),
-    time_limit: str = typer.Option(None, "--time", help="Slurm: time limit (e.g. 2:00:00)"),
+    time_limit: str = typer.Option(
+        None, "--time", help="time limit, Slurm's format (90, 2:00:00, 1-12): helps backfill"
+    ),
+    priority_class: str = typer.Option(
+        None, "--priority-class", help="a priority class of the cluster (default: your team's)"
+    ),
+    private: bool = typer.Option(False, "--private", help="only you and admins read its logs"),
     nice: int = typer.Option(None, "--nice", help="Slurm: --nice"),
     priority: int = typer.Option(None, "--priority", help="Slurm: --priority (admins)"),
     dependency: str = typer.Option(None, "--dependency", help="Slurm: e.g. afterok:123"),
@@ -84,7 +90,9 @@ def submit(
         partition=partition,
         env={**default_env(), **parse_env(env)},
         workdir=str((workdir or Path.cwd()).absolute()),
-        user=getpass.getuser(),
+        user=getpass.getuser(),  # the controller makes the caller the owner whatever this says
+        priority_class=priority_class,
+        private=private,
         auto_resume=auto_resume,
         max_restarts=max_restarts,
         min_nodes=min_nodes,

@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from trainpod.cli import chaos, cluster, interactive, jobs, nodes, slurm
+from trainpod.cli import chaos, cluster, interactive, jobs, nodes, slurm, users
 from trainpod.cli.render import err_console
 from trainpod.errors import Retryable, TrainpodError
 
@@ -20,6 +20,9 @@ app.add_typer(cluster.app, name="cluster")
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(chaos.app, name="chaos")
 app.add_typer(slurm.app, name="slurm")
+app.add_typer(users.app, name="users")
+app.command("login")(users.login)
+app.command("whoami")(users.whoami)
 app.command("health")(slurm.health)
 app.command(
     "alloc",

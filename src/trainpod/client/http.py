@@ -17,6 +17,7 @@ from trainpod.errors import (
     Conflict,
     ControllerUnavailable,
     Fatal,
+    Forbidden,
     NotFound,
     SpecError,
     TrainpodError,
@@ -41,8 +42,13 @@ _LEASE = TypeAdapter(wire.AllocationLease)
 _SHELL = TypeAdapter(wire.ShellContext)
 _STEP = TypeAdapter(wire.StepPlan)
 _NONE = TypeAdapter(type(None))
+_WHOAMI = TypeAdapter(wire.Whoami)
+_USERS = TypeAdapter(list[wire.UserInfo])
+_ISSUED = TypeAdapter(wire.IssuedToken)
+_IDS = TypeAdapter(list[str])
 _ERRORS: dict[str, type[TrainpodError]] = {
     "SpecError": SpecError,
+    "Forbidden": Forbidden,
     "NotFound": NotFound,
     "Conflict": Conflict,
 }
@@ -166,6 +172,20 @@ class TrainpodClient:
     def end_step(self, job_id: int, step: int, exit_code: int) -> None:
         end = wire.StepEnd(exit_code=exit_code)
         self._call("POST", f"/v1/jobs/{job_id}/steps/{step}/end", _NONE, body=end)
+
+    # -- users ------------------------------------------------------------------------------
+    def whoami(self) -> wire.Whoami:
+        return self._call("GET", "/v1/whoami", _WHOAMI)
+
+    def users(self) -> list[wire.UserInfo]:
+        return self._call("GET", "/v1/users", _USERS)
+
+    def add_user(self, req: wire.NewToken) -> wire.IssuedToken:
+        return self._call("POST", "/v1/users", _ISSUED, body=req)
+
+    def revoke(self, name: str, token_id: str | None = None) -> list[str]:
+        body = wire.RevokeRequest(token_id=token_id)
+        return self._call("POST", f"/v1/users/{name}/revoke", _IDS, body=body)
 
     # -- agents -----------------------------------------------------------------------------
     def heartbeat(self, hb: wire.Heartbeat) -> wire.Orders:

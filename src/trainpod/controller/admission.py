@@ -39,7 +39,21 @@ class Admission:
                 f"the job asks for {procs} processes per node but nodes of partition "
                 f"{part!r} have {devices} devices; use --procs-per-node {devices} or fewer"
             )
-        return spec.model_copy(update={"procs_per_node": procs, "partition": part})
+        update = {"procs_per_node": procs, "partition": part}
+        return spec.model_copy(update={**update, "priority_class": self._priority_class(spec)})
+
+    def _priority_class(self, spec: JobSpec) -> str | None:
+        """The job's priority class: as asked, else its team's default, else the cluster's."""
+        classes = [c.name for c in self.cfg.priority_classes]
+        if spec.priority_class is None:
+            return self.cfg.default_priority_class(spec.team or None)
+        if spec.priority_class not in classes:
+            known = ", ".join(classes) if classes else "none: this cluster declares no classes"
+            raise SpecError(
+                f"--priority-class {spec.priority_class!r} is not a priority class of "
+                f"cluster {self.cfg.cluster} ({known}); use one of them or leave it out"
+            )
+        return spec.priority_class
 
     def plan(self, spec: JobSpec) -> LaunchPlan:
         """What a submission would launch if the job were placed now (under the lock)."""

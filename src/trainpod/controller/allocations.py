@@ -26,8 +26,6 @@ controller places jobs itself (``leases=True``).
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,36 +65,12 @@ _RANK_ONLY = (
 )
 _LIVE_JOBS = [s for s in JobState if not s.ended]
 _NO_AGENT = (NodeState.STOPPED, NodeState.RETIRED)
-_SLURM_TIME = re.compile(
-    r"(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d{1,2}))?(?::(?P<c>\d{1,2}))?", re.ASCII
-)
 
 
 def lease_s(cfg: ControllerConfig) -> float:
     """How long an allocation outlives its silent CLI: three heartbeat timeouts, at least
     :data:`LEASE_FLOOR_S` (a CLI is judged like an agent, only more leniently)."""
     return max(3.0 * cfg.heartbeat_timeout_s, LEASE_FLOOR_S)
-
-
-def time_limit_s(text: str) -> float:
-    """A Slurm ``--time`` in seconds (``inf`` for UNLIMITED): minutes, MM:SS, HH:MM:SS,
-    D-HH, D-HH:MM or D-HH:MM:SS, as ``JobSpec`` already checked."""
-    if text.upper() in ("UNLIMITED", "INFINITE"):
-        return math.inf
-    m = _SLURM_TIME.fullmatch(text)
-    if m is None:
-        raise SpecError(f"--time {text!r} is not a time limit; use e.g. 90 or 1:30:00")
-    days = int(m["d"] or 0)
-    parts = [int(p) for p in (m["a"], m["b"], m["c"]) if p is not None]
-    if m["d"] is not None:  # D-HH[:MM[:SS]]
-        hours, minutes, seconds = [*parts, 0, 0][:3]
-    elif len(parts) == 1:  # minutes
-        hours, minutes, seconds = 0, parts[0], 0
-    elif len(parts) == 2:  # MM:SS
-        hours, minutes, seconds = 0, parts[0], parts[1]
-    else:  # HH:MM:SS
-        hours, minutes, seconds = parts
-    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
 @dataclass
@@ -179,10 +153,10 @@ class Allocations:
         return due
 
     def _ends_in(self, job: JobRow, spec: JobSpec, now: float) -> float | None:
-        if spec.time_limit is None or job.started_at is None:
+        limit = spec.time_limit_s()
+        if limit is None or job.started_at is None:
             return None
-        limit = time_limit_s(spec.time_limit)
-        return None if math.isinf(limit) else job.started_at + limit - now
+        return job.started_at + limit - now
 
     def _allocation(self, job_id: int) -> tuple[JobRow, JobSpec]:
         job = self.tx.job(job_id)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainpod.spec.sharing import PriorityClassSpec, TeamSpec, UserSpec
+
 
 @dataclass(frozen=True)
 class NodeDecl:
@@ -40,6 +42,24 @@ class ControllerConfig:
     deep_check_timeout_s: float = 180.0
     event_retention_days: float = 30.0  # older events go, except those of live jobs
     extra: dict[str, str] = field(default_factory=dict)
+    priority_classes: tuple[PriorityClassSpec, ...] = ()
+    teams: tuple[TeamSpec, ...] = ()
+    team_quotas: dict[str, dict[str, int]] = field(default_factory=dict)
+    """team -> partition -> nodes (device quotas converted)."""
+    users: tuple[UserSpec, ...] = ()
+    fair_share_half_life_s: float = 7 * 86400.0
+    operator: str = "admin"
+    """The name the cluster's admin token acts as (the cluster's creator)."""
+
+    def priority_class(self, name: str) -> PriorityClassSpec | None:
+        return next((c for c in self.priority_classes if c.name == name), None)
+
+    def default_priority_class(self, team: str | None) -> str | None:
+        """The class of a job that names none: its team's default, else the cluster's."""
+        t = next((t for t in self.teams if t.name == team), None)
+        if t is not None and t.default_priority_class:
+            return t.default_priority_class
+        return next((c.name for c in self.priority_classes if c.default), None)
 
     def checkpoint_for(self, job_id: int) -> tuple[str, str | None]:
         """The job's checkpoint URI and, when it is a local path, that path."""

@@ -46,6 +46,7 @@ from trainpod.api.models import (
     StepRequest,
 )
 from trainpod.clock import Clock, SystemClock
+from trainpod.controller.access import Access, Action, Principal
 from trainpod.controller.admission import Admission
 from trainpod.controller.allocations import Allocations
 from trainpod.controller.books import BeaconBook, ChaosBook
@@ -145,6 +146,7 @@ class Controller:
             self.clock.now,
         )
         self.admission = Admission(config, self.tx, self.scheduling)
+        self.access = Access(store, self.clock, self._lock)
         self.planner = Planner(store, config, self.tx, self.scheduling, self.executor)
         self.operators = Operators(store, self.tx, self.scheduling, self.executor, self.repair)
         self.allocations = Allocations(
@@ -172,11 +174,17 @@ class Controller:
             self.store.touch_heartbeats(now)
             self.allocations.adopt(now)
             self.store.append(now, ControllerStarted(restarted=restarted))
+            self.access.seed(self.cfg.users)
             self.wake.bump()
 
     # -- jobs -----------------------------------------------------------------------------
-    def submit(self, spec: JobSpec) -> int:
-        """Queue a job; returns its id. Raises :class:`SpecError` for a job that can never run."""
+    def submit(self, spec: JobSpec, by: Principal | None = None) -> int:
+        """Queue a job; returns its id. Raises :class:`SpecError` for a job that can never run.
+
+        ``by``: the caller, who becomes the owner whatever ``spec.user`` says (the API
+        always passes it; None: trusted in-process callers such as tests)."""
+        if by is not None:
+            spec = spec.model_copy(update={"user": by.name, "team": by.team or ""})
         resolved = self.admission.resolve(spec)
         now = self.clock.now()
         with self._lock, self.store.transaction():
@@ -200,13 +208,18 @@ class Controller:
             self.wake.bump()
         return job_id
 
-    def plan(self, spec: JobSpec) -> LaunchPlan:
+    def plan(self, spec: JobSpec, by: Principal | None = None) -> LaunchPlan:
         """What :meth:`submit` would launch if the job were placed now (``--dry-run``)."""
+        if by is not None:
+            spec = spec.model_copy(update={"user": by.name, "team": by.team or ""})
         with self._lock:
             return self.admission.plan(spec)
 
-    def cancel(self, job_id: int) -> JobRow:
-        """Ask for a job to end. Idempotent; an ended job raises :class:`Conflict`."""
+    def cancel(self, job_id: int, by: Principal | None = None) -> JobRow:
+        """Ask for a job to end. Idempotent; an ended job raises :class:`Conflict`; a caller
+        who is neither its owner nor an admin, :class:`~trainpod.errors.Forbidden`."""
+        if by is not None:
+            self.authorize(by, Action.CANCEL, job_id)
         now = self.clock.now()
         with self._lock, self.store.transaction():
             job = self.tx.job(job_id)
@@ -243,6 +256,11 @@ class Controller:
         with self._lock:
             return self.allocations.shell(node, job_id)
 
+    def job_on(self, node: str) -> int | None:
+        """The job a node is held by now, if any (a node's shell is a shell in it)."""
+        with self._lock:
+            return self.tx.node(node).job_id
+
     def start_step(self, job_id: int, req: StepRequest) -> StepPlan:
         """``trainpod run`` inside an allocation: launch orders on its nodes, not queued."""
         now = self.clock.now()
@@ -253,6 +271,13 @@ class Controller:
         now = self.clock.now()
         with self._lock, self.store.transaction():
             self.allocations.step_ended(job_id, step, exit_code, now)
+
+    def authorize(self, by: Principal, action: Action, job_id: int | None = None) -> None:
+        """Return if ``by`` may do ``action`` (on the job); else record the refusal and
+        raise :class:`~trainpod.errors.Forbidden` (see :mod:`trainpod.controller.access`)."""
+        with self._lock:
+            job = self.tx.job(job_id) if job_id is not None else None
+        self.access.authorize(by, action, job)
 
     # -- chaos ----------------------------------------------------------------------------
     def chaos(self, req: ChaosRequest) -> ChaosOrder:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import pwd
 import threading
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from trainpod.controller.external import Scheduling
 from trainpod.controller.ops import ClusterOps
 from trainpod.paths import ClusterPaths, ClusterRecord, read_secret
 from trainpod.spec.loading import load_recorded_spec
+from trainpod.spec.sharing import quota_nodes
 from trainpod.store.repo import Store
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,21 @@ def config_from_record(record: ClusterRecord, paths: ClusterPaths) -> Controller
         retire_after=spec.recovery.retire_after,
         deep_check_timeout_s=spec.recovery.deep_check_timeout_s,
         extra={"cluster_id": f"{spec.name}-{record.created_at:.0f}"},
+        priority_classes=spec.priority_classes,
+        teams=spec.teams,
+        team_quotas={t.name: quota_nodes(spec, t) for t in spec.teams},
+        users=spec.users,
+        fair_share_half_life_s=spec.fair_share.half_life_s,
+        operator=_owner_of(paths.admin_token),
     )
+
+
+def _owner_of(path: Path) -> str:
+    """The POSIX user owning ``path`` (the admin token: the cluster's creator)."""
+    try:
+        return pwd.getpwuid(path.stat().st_uid).pw_name
+    except (KeyError, OSError):
+        return "admin"
 
 
 STEP_BACKOFF_MAX_S = 30.0

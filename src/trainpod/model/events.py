@@ -706,6 +706,40 @@ class CheckpointFailed(KnownEvent):
     bytes: int = 0
 
 
+# Users and access (controller/access.py) ----------------------------------------------------
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class AccessDenied(KnownEvent):
+    """A call was refused: who asked, to do what, and why (also answered as HTTP 403)."""
+
+    kind = "access_denied"
+    user: str
+    action: str
+    job_id: int | None = None
+    node: str | None = None
+    reason: str = ""
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class TokenIssued(KnownEvent):
+    kind = "token_issued"
+    user: str
+    token_id: str
+    by: str
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class TokensRevoked(KnownEvent):
+    kind = "tokens_revoked"
+    user: str
+    token_ids: tuple[str, ...]
+    by: str
+
+
 # Interactive allocations (controller/allocations.py) -------------------------------------
 
 

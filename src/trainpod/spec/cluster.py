@@ -31,6 +31,14 @@ from pydantic import (
     model_validator,
 )
 
+from trainpod.spec.sharing import (
+    FairShareSpec,
+    PriorityClassSpec,
+    TeamSpec,
+    UserSpec,
+    sharing_problems,
+)
+
 Backend = Literal["local", "slurm"]
 Role = Literal["head", "compute"]
 
@@ -347,12 +355,21 @@ class ClusterSpec(_Model):
     """Teardown grace period and default restart budget."""
     slurm: SlurmSpec | None = None
     """With ``backend: slurm``: the slurm.conf and sbatch options for every job."""
+    priority_classes: tuple[PriorityClassSpec, ...] = ()
+    """Named priorities jobs submit with (``--priority-class``); none: all jobs equal."""
+    teams: tuple[TeamSpec, ...] = ()
+    """Teams with quotas per partition, fair-share weights and borrowing; none: no quotas."""
+    users: tuple[UserSpec, ...] = ()
+    """Users who get tokens (``trainpod users add``), their team and role."""
+    fair_share: FairShareSpec = FairShareSpec()
+    """How fast past usage stops counting against a team."""
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> ClusterSpec:
         problems = _group_problems(self.instance_groups)
         problems += _partition_problems(self.instance_groups, self.partitions or ())
         problems += _backend_problems(self)
+        problems += sharing_problems(self)
         if problems:
             raise SpecProblems(problems)
         return self

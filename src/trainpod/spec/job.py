@@ -37,7 +37,14 @@ class JobSpec(BaseModel):
     partition: str | None = Field(default=None, description="None = the default partition")
     env: dict[str, str] = Field(default_factory=dict, description="extra worker environment")
     workdir: str | None = Field(default=None, description="worker cwd; None = submitter's cwd")
-    user: str = Field(default="", description="who submitted it")
+    user: str = Field(
+        default="", description="who submitted it: set by the controller from the caller's token"
+    )
+    team: str = Field(default="", description="the owner's team: set by the controller")
+    priority_class: str | None = Field(
+        default=None, description="a priority class of the cluster; None = the team's default"
+    )
+    private: bool = Field(default=False, description="only its owner and admins may read its logs")
     auto_resume: bool = Field(default=False, description="restart automatically after a fault")
     max_restarts: int | None = Field(
         default=None, ge=0, description="None = the cluster's recovery.max_restarts"
@@ -55,7 +62,11 @@ class JobSpec(BaseModel):
     spares: int = Field(
         default=0, ge=0, le=64, description="Slurm: extra nodes held as hot spares in the job"
     )
-    time_limit: str | None = Field(default=None, description="Slurm --time (e.g. 2:00:00)")
+    time_limit: str | None = Field(
+        default=None,
+        description="--time, Slurm's format (e.g. 90, 2:00:00, 1-12): the job is stopped when "
+        "it runs longer; schedulers use it to backfill and to estimate starts",
+    )
     nice: int | None = Field(default=None, description="Slurm --nice")
     priority: int | None = Field(default=None, ge=0, description="Slurm --priority (admins)")
     dependency: str | None = Field(default=None, description="Slurm --dependency, verbatim")
@@ -80,8 +91,6 @@ class JobSpec(BaseModel):
         """The Slurm pass-through options this job sets (empty for a plain job)."""
         named = {
             "--spares": self.spares or None,
-            # An allocation's --time is kept by trainpod too (controller/allocations.py).
-            "--time": None if self.interactive else self.time_limit,
             "--nice": self.nice,
             "--priority": self.priority,
             "--dependency": self.dependency,
@@ -109,8 +118,34 @@ class JobSpec(BaseModel):
             )
         return env
 
+    def time_limit_s(self) -> float | None:
+        """``time_limit`` in seconds; None when unset or unlimited."""
+        return None if self.time_limit is None else slurm_seconds(self.time_limit)
+
     def display_name(self) -> str:
         if self.name:
             return self.name
         parts = [p.rsplit("/", 1)[-1] for p in self.command[:2]]
         return " ".join(parts)[:80]
+
+
+def slurm_seconds(value: str) -> float | None:
+    """Seconds of a Slurm time limit (``minutes``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``,
+    ``D-HH:MM``, ``D-HH:MM:SS``); None for ``UNLIMITED``/``INFINITE``."""
+    if value in ("UNLIMITED", "INFINITE"):
+        return None
+    days = 0
+    if "-" in value:
+        d, value = value.split("-", 1)
+        days = int(d)
+        parts = [int(x) for x in value.split(":")]
+        h, m, sec = [*parts, 0, 0][:3]
+    else:
+        parts = [int(x) for x in value.split(":")]
+        if len(parts) == 1:
+            h, m, sec = 0, parts[0], 0
+        elif len(parts) == 2:
+            h, m, sec = 0, parts[0], parts[1]
+        else:
+            h, m, sec = parts
+    return float(((days * 24 + h) * 60 + m) * 60 + sec)

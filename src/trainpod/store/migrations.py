@@ -119,4 +119,24 @@ MIGRATIONS: list[str] = [
         )
         BEGIN SELECT RAISE(IGNORE); END;
     """,
+    # 5: users and their bearer tokens (only a token's SHA-256 is kept; the token is shown
+    # once, when it is issued). Users come from the spec (source 'spec') or `users add`.
+    """
+    CREATE TABLE users (
+        name TEXT PRIMARY KEY,
+        team TEXT,
+        role TEXT NOT NULL,
+        account TEXT,
+        source TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE tokens (
+        id TEXT PRIMARY KEY,
+        user TEXT NOT NULL REFERENCES users(name),
+        hash TEXT NOT NULL UNIQUE,
+        created_at REAL NOT NULL,
+        revoked_at REAL
+    );
+    CREATE INDEX tokens_user ON tokens(user);
+    """,
 ]

@@ -66,6 +66,11 @@ class Store:
         """Events appended through this store so far: a caller compares it before and after
         a change to know whether anything happened (every state change writes an event)."""
 
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """For the store's companion repositories (:mod:`trainpod.store.accounts`)."""
+        return self._conn
+
     @classmethod
     def open(cls, path: Path | str) -> Store:
         return cls(open_db(path))
