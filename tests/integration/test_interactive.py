@@ -161,9 +161,11 @@ def test_alloc_shell_run_and_exit_releases(cluster: Cluster, terminals: list[Ter
 
     # A step: two nodes, one rank each, the torchrun contract, Gloo across them.
     term.child.sendline(f"trainpod run -p 1 -- python {WORKERS / 'allreduce.py'}; echo STATUS=$?")
-    for rank in (0, 1):
-        line = term.expect(rf"ok rank={rank} world=2 sum=1.0 node=(\S+) scratch=\S+ job=(\d+)")
-        assert line[1] == nodes[rank] and int(line[2]) == job_id
+    seen = {}
+    for _ in (0, 1):  # in whichever order the two ranks print
+        line = term.expect(r"ok rank=(\d) world=2 sum=1.0 node=(\S+) scratch=\S+ job=(\d+)")
+        seen[int(line[1])] = (line[2], int(line[3]))
+    assert seen == {0: (nodes[0], job_id), 1: (nodes[1], job_id)}
     assert term.expect(r"STATUS=(\d+)")[1] == "0"
     term.prompt()
     # Its exit status comes back, and nothing was queued for it.
@@ -209,7 +211,10 @@ def test_closed_terminal_releases_at_once(cluster: Cluster, terminals: list[Term
     term = open_terminal(terminals, cluster, "alloc", "-N", "1", "--shell", SHELL)
     term.prompt()
     job_id = int(term.probe()["job"])
-    term.child.close(force=False)  # the terminal goes away: SIGHUP
+    # What the kernel does to a terminal's controlling process when its window closes.
+    assert term.child.pid is not None
+    os.kill(term.child.pid, signal.SIGHUP)
+    assert term.exit_code() == 128 + signal.SIGHUP  # it ends, and takes its shell along
     released = event_of(cluster, job_id, AllocationReleased)
     assert isinstance(released, AllocationReleased) and "SIGHUP" in released.reason
     assert cluster.wait_job(job_id).state == "cancelled"

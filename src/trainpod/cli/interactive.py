@@ -246,18 +246,22 @@ class EmbeddedAllocation:
             return wait_child(self._child)
 
     def _release(self, job_id: int, why: str) -> None:
-        try:
-            self._client.release(job_id, why)
-        except Conflict:
-            pass  # it had ended already
-        deadline = time.monotonic() + _RELEASE_WAIT_S
-        job = self._client.job(job_id)
-        while not job.state.ended and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
+        # A second SIGHUP (or SIGTERM, Ctrl-C) must not stop us before the nodes are back;
+        # once the terminal is gone, saying so fails (EIO), which changes nothing.
+        with _ignored(signal.SIGHUP), _ignored(signal.SIGTERM), _ignored(signal.SIGINT):
+            try:
+                self._client.release(job_id, why)
+            except Conflict:
+                pass  # it had ended already
+            deadline = time.monotonic() + _RELEASE_WAIT_S
             job = self._client.job(job_id)
-        err_console.print(
-            f"allocation {job_id} released: {styled(job.state)} ({why})", soft_wrap=True
-        )
+            while not job.state.ended and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+                job = self._client.job(job_id)
+            with contextlib.suppress(OSError):
+                err_console.print(
+                    f"allocation {job_id} released: {styled(job.state)} ({why})", soft_wrap=True
+                )
 
 
 # -- trainpod shell -------------------------------------------------------------------------
