@@ -137,6 +137,18 @@ def event_of(cluster: Cluster, job_id: int, cls: type) -> object:
     )
 
 
+def assert_devices(cluster: Cluster, env: re.Match[str]) -> None:
+    """The shell has the node's devices as its ranks get them: the GPUs the local backend
+    gave the node (CUDA_VISIBLE_DEVICES) or, on a machine without, the CPU slots that stand
+    in for the 2 devices each node declares (TRAINPOD_SIMULATED_DEVICES)."""
+    node = next(n for n in cluster.client.nodes() if n.name == env["node"])
+    devices = node.facts["devices"]
+    if devices["simulated"]:
+        assert (env["sim"], env["cvd"]) == ("2", "unset"), env.groupdict()
+    else:
+        assert (env["sim"], env["cvd"]) == ("none", ",".join(devices["visible"]))
+
+
 @pytest.mark.timeout(300)
 def test_alloc_shell_run_and_exit_releases(cluster: Cluster, terminals: list[Terminal]) -> None:
     term = open_terminal(terminals, cluster, "alloc", "-N", "2", "--shell", SHELL)
@@ -148,8 +160,7 @@ def test_alloc_shell_run_and_exit_releases(cluster: Cluster, terminals: list[Ter
     nodes = env["nodes"].split(",")
     assert sorted(nodes) == ["workers-0", "workers-1"]
     assert env["node"] == nodes[0]  # the shell is on the allocation's first node
-    # CPU slots stand in for the 2 GPUs each node declares: the shell says so in the env
-    assert env["sim"] == "2" and env["cvd"] == "unset"
+    assert_devices(cluster, env)
     assert env["ws"] == "unset"  # the shell is not a rank; `trainpod run` makes ranks
     scratch = Path(cluster.record.scratch_root) / nodes[0] / f"job-{job_id}"
     assert Path(env["pwd"]).resolve() == scratch.resolve()
@@ -241,13 +252,31 @@ def test_killed_cli_does_not_hold_nodes_forever(
 
 
 @pytest.mark.timeout(300)
+def test_an_allocation_that_ends_under_its_shell_closes_it(
+    cluster: Cluster, terminals: list[Terminal]
+) -> None:
+    term = open_terminal(terminals, cluster, "alloc", "-N", "2", "--shell", SHELL)
+    term.prompt()
+    job_id = int(term.probe()["job"])
+    (attempt,) = cluster.client.job(job_id).attempts
+    pid = next(r.pid for r in attempt.ranks if r.node == attempt.nodes[1])
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)  # the second node's hold dies: the allocation fails
+    term.expect(rf"allocation {job_id} ended: allocation {job_id} has ended \(failed")
+    assert term.exit_code() != 0
+    assert cluster.client.job(job_id).state == "failed"
+    cluster.wait_idle()
+
+
+@pytest.mark.timeout(300)
 def test_shell_on_a_node_and_in_a_job(
     cluster: Cluster, terminals: list[Terminal], tmp_path: Path
 ) -> None:
     term = open_terminal(terminals, cluster, "shell", "workers-1", "--shell", SHELL)
     term.prompt()
     env = term.probe()
-    assert env["node"] == "workers-1" and env["job"] == "none" and env["sim"] == "2"
+    assert env["node"] == "workers-1" and env["job"] == "none"
+    assert_devices(cluster, env)
     node_scratch = Path(cluster.record.scratch_root) / "workers-1"
     assert Path(env["pwd"]).resolve() == node_scratch.resolve()
     term.child.sendline("exit")

@@ -143,17 +143,25 @@ class LeaseKeeper:
 
     def _run(self) -> None:
         every = 1.0
+        placed = False
         with self._connect() as client:  # its own connection: the main thread has one
             while not self._stop.is_set():
                 try:
                     lease = client.renew_lease(self._job_id)
                     every = lease.renew_every_s
-                except Conflict as exc:  # ended: the controller says why
+                except Conflict as exc:  # ended or ending: the controller says why
                     if not self._stop.is_set():
                         self._on_end(str(exc).split(": ", 1)[-1])
                     return
                 except ControllerUnavailable:
                     every = 1.0  # keep trying: the lease outlives a controller restart
+                else:
+                    placed = placed or lease.state == "running"
+                    if placed and lease.state != "running":
+                        # Its nodes were taken (preempted, a node lost): a shell there would
+                        # lie, and a requeued allocation would hold nodes nobody uses.
+                        self._on_end(f"it is {lease.state.value} again ({lease.reason})")
+                        return
                 self._stop.wait(every)
 
 
