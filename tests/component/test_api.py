@@ -189,3 +189,54 @@ def test_logs_are_read_from_the_rank_log(client: TestClient, cluster: Cluster) -
     assert (r["data"], r["offset"], r["attempt"]) == ("step 1\nstep 2\n", 14, 1)
     r = client.get(f"/v1/jobs/{job}/logs", params={"offset": 7}, headers=ADMIN).json()
     assert r["data"] == "step 2\n"
+
+
+def test_preempt_by_hand_notice_then_queued_as_preempted(
+    client: TestClient, cluster: Cluster
+) -> None:
+    job = client.post("/v1/jobs", json=JOB, headers=ADMIN).json()
+    r = client.post(f"/v1/jobs/{job['id']}/preempt", headers=ADMIN)
+    assert r.status_code == 409  # queued: nothing runs to preempt
+    assert "only a running job can be preempted" in r.json()["message"]
+    attempt = cluster.start(job["id"])
+    r = client.post(f"/v1/jobs/{job['id']}/preempt", json={"reason": "maintenance"}, headers=ADMIN)
+    assert r.status_code == 200
+    assert (r.json()["state"], r.json()["reason"]) == ("stopping", "maintenance")
+    again = client.post(f"/v1/jobs/{job['id']}/preempt", headers=ADMIN)
+    assert again.status_code == 409 and "already stopping" in again.json()["message"]
+    node = cluster.job(job["id"]).attempts[0].nodes[0]
+    (kill,) = cluster.agents[node].beat().kill
+    assert (kill.attempt_id, kill.notice_signal, kill.reason) == (attempt, "SIGUSR1", "preempted")
+    assert kill.notice_grace_s == cluster.cfg.preemption.grace_s
+    assert kill.grace_s == cluster.cfg.teardown_grace_s  # SIGTERM -> SIGKILL, after the notice
+
+    cluster.agents[node].exit_all(attempt, code=0)  # saved on the notice and exited
+    cluster.agents[node].beat()
+    info = client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()
+    assert (info["state"], info["reason"]) == ("preempted", "preempted: maintenance")
+    assert info["attempts"][0]["cause"] == "preempted"
+    kinds = [e["kind"] for e in client.get("/v1/events", headers=ADMIN).json()]
+    assert "job_preempted" in kinds and "fault_detected" not in kinds
+    assert "recovery_decision" not in kinds  # requeued: no restart used
+
+    cluster.controller.step()  # placed again, like a queued job
+    info = client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()
+    assert (info["state"], len(info["attempts"])) == ("starting", 2)
+    assert client.post("/v1/jobs/404/preempt", headers=ADMIN).status_code == 404
+
+
+def test_a_preempted_job_waiting_in_the_queue_can_be_cancelled(
+    client: TestClient, cluster: Cluster
+) -> None:
+    first = client.post("/v1/jobs", json={**JOB, "nodes": 2}, headers=ADMIN).json()["id"]
+    attempt = cluster.start(first)
+    cluster.controller.preempt(first, "make room")
+    second = client.post("/v1/jobs", json={**JOB, "nodes": 2}, headers=ADMIN).json()["id"]
+    for node in cluster.job(first).attempts[0].nodes:
+        cluster.agents[node].kill_ranks(cluster.agents[node].beat())
+        cluster.agents[node].beat()
+    assert cluster.job(first).state == "preempted"
+    r = client.post(f"/v1/jobs/{first}/cancel", headers=ADMIN)
+    assert (r.status_code, r.json()["state"]) == (200, "cancelled")
+    cluster.controller.step()
+    assert cluster.job(second).state == "starting" and attempt != cluster.attempt_id(second)

@@ -78,8 +78,9 @@ def test_a_preempted_job_gets_its_grace_period_is_queued_again_and_resumes(
         "preempted",
     )
     orders = c.beat("workers-0")["workers-0"]
-    (kill,) = orders.kill
-    assert (kill.grace_s, kill.reason) == (7.0, "preempted")
+    (kill,) = orders.kill  # the notice, the policy's grace, then the usual teardown
+    assert (kill.notice_signal, kill.notice_grace_s, kill.reason) == ("SIGUSR1", 7.0, "preempted")
+    assert kill.grace_s == c.controller.cfg.teardown_grace_s
     (preempted,) = c.events("job_preempted", job_id=low)
     assert preempted.data["reason"] == "an urgent job needs the nodes"
     assert not c.events("fault_detected", job_id=low)  # a preemption is not a fault
@@ -89,13 +90,13 @@ def test_a_preempted_job_gets_its_grace_period_is_queued_again_and_resumes(
         agent.kill_ranks(agent.beat())
         agent.beat()
     info = c.job(low)
-    assert (info.state, info.reason) == ("queued", "preempted: an urgent job needs the nodes")
-    assert info.attempts[0].state == "failed"
+    assert (info.state, info.reason) == ("preempted", "preempted: an urgent job needs the nodes")
+    assert (info.attempts[0].state, info.attempts[0].cause) == ("failed", "preempted")
     assert not c.events("recovery_decision", job_id=low)  # requeued, not recovered
 
     c.controller.step()
     assert c.job(urgent).state == "starting"
-    assert c.job(low).state == "queued"
+    assert c.job(low).state == "preempted"  # waiting again, in the queue the planner reads
     attempt = c.start(urgent)
     for name in ("workers-0", "workers-1"):
         c.agents[name].exit_all(attempt)

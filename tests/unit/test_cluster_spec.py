@@ -22,8 +22,18 @@ from trainpod.spec.cluster import (
     StorageSpec,
 )
 from trainpod.spec.loading import load_cluster_spec, parse_cluster_spec
+from trainpod.spec.preemption import PreemptionPolicy
+from trainpod.spec.sharing import (
+    FairShareSpec,
+    PriorityClassSpec,
+    QuotaAmount,
+    TeamSpec,
+    UserSpec,
+    quota_nodes,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster.yaml"
+SHARED_EXAMPLE = EXAMPLE.with_name("shared-cluster.yaml")
 
 BASE: dict[str, Any] = {
     "name": "demo",
@@ -74,6 +84,14 @@ def _many(*mutations: Mutation) -> Mutation:
 
 
 # (id, mutation of BASE, key path in the message, fragment of the fix)
+def _both(*mutations: Mutation) -> Mutation:
+    def apply(data: dict[str, Any]) -> None:
+        for m in mutations:
+            m(data)
+
+    return apply
+
+
 BAD_SPECS: list[tuple[str, Mutation, str, str]] = [
     ("unknown-top-key", _set("bakend", "local"), "bakend", "did you mean 'backend'?"),
     (
@@ -169,6 +187,67 @@ BAD_SPECS: list[tuple[str, Mutation, str, str]] = [
     ("grace-nan", _set("recovery.teardown_grace_s", float("nan")), "grace_s", "finite number"),
     ("restarts-negative", _set("recovery.max_restarts", -1), "max_restarts", "use 0 or more"),
     ("restarts-float", _set("recovery.max_restarts", 1.5), "max_restarts", "whole number"),
+    (
+        "quota-partition",
+        _set("teams", [{"name": "vision", "quota": {"gpu": 1}}]),
+        "teams[0].quota.gpu",
+        "use one of the partitions",
+    ),
+    (
+        "quota-devices",
+        _both(
+            _set("instance_groups", [{"name": "workers", "count": 2, "devices_per_node": 2}]),
+            _set("partitions", [{"name": "main", "groups": ["workers"]}]),
+            _set("teams", [{"name": "vision", "quota": {"main": {"devices": 3}}}]),
+        ),
+        "teams[0].quota.main",
+        "use a multiple of",
+    ),
+    (
+        "quota-both",
+        _set("teams", [{"name": "vision", "quota": {"main": {"nodes": 1, "devices": 2}}}]),
+        "teams[0].quota.main",
+        "exactly one of `nodes` or `devices`",
+    ),
+    (
+        "user-team",
+        _set("users", [{"name": "alice", "team": "nope"}]),
+        "users[0].team",
+        "use one of the teams",
+    ),
+    ("user-name", _set("users", [{"name": "Alice"}]), "users[0].name", "POSIX user name"),
+    (
+        "two-default-classes",
+        _set("priority_classes", [{"name": n, "value": 1, "default": True} for n in "ab"]),
+        "priority_classes[1].default",
+        "at most one priority class",
+    ),
+    (
+        "team-class",
+        _set("teams", [{"name": "vision", "default_priority_class": "urgent"}]),
+        "teams[0].default_priority_class",
+        "use one of priority_classes",
+    ),
+    (
+        "notice-not-a-signal",
+        _set("preemption.signal", "SIGFOO"),
+        "preemption.signal: 'SIGFOO' is not a signal name",
+        "use one of SIGUSR1, SIGUSR2, SIGHUP",
+    ),
+    (
+        "notice-uncatchable",
+        _set("preemption.signal", "KILL"),
+        "preemption.signal: 'KILL' cannot be the preemption notice: it cannot be caught",
+        "use one of SIGUSR1",
+    ),
+    (
+        "notice-is-teardown",
+        _set("preemption.signal", "SIGTERM"),
+        "teardown sends it after the grace period",
+        "SIGUSR2",
+    ),
+    ("notice-grace-negative", _set("preemption.grace_s", -1), "preemption.grace_s", "0 or more"),
+    ("min-run-string", _set("preemption.min_run_s", "10s"), "preemption.min_run_s", "number"),
 ]
 
 
@@ -283,6 +362,20 @@ def test_example_spec_loads() -> None:
     assert spec.health == HealthPolicy() and spec.recovery == RecoveryPolicy()
 
 
+def test_shared_example_spec_loads() -> None:
+    spec = load_cluster_spec(SHARED_EXAMPLE)
+    assert [c.name for c in spec.priority_classes] == ["high", "normal", "low"]
+    assert {t.name: quota_nodes(spec, t) for t in spec.teams} == {
+        "vision": {"default": 2},
+        "nlp": {"default": 2},
+    }
+    assert [(u.name, u.team, u.role) for u in spec.users] == [
+        ("alice", "vision", "user"),
+        ("bob", "nlp", "user"),
+        ("ops", None, "admin"),
+    ]
+
+
 def test_defaults(tmp_path: Path) -> None:
     spec = parse_cluster_spec(
         {"name": "x", "instance_groups": [{"name": "w", "count": 1}]}, "s", tmp_path
@@ -299,7 +392,15 @@ def test_defaults(tmp_path: Path) -> None:
     assert spec.partitions is None
     assert spec.health.heartbeat_interval_s == 1.0 and spec.health.heartbeat_timeout_s == 10.0
     assert spec.recovery.teardown_grace_s == 5.0 and spec.recovery.max_restarts == 3
+    assert spec.preemption == PreemptionPolicy(signal="SIGUSR1", grace_s=30.0, min_run_s=0.0)
     assert LifecycleScript.model_fields["timeout_s"].default == 300.0
+
+
+def test_the_notice_signal_is_stored_by_its_full_name(tmp_path: Path) -> None:
+    data = {"name": "x", "instance_groups": [{"name": "w", "count": 1}]}
+    spec = parse_cluster_spec({**data, "preemption": {"signal": "usr2"}}, "s", tmp_path)
+    assert spec.preemption.signal == "SIGUSR2"
+    assert parse_cluster_spec(spec.model_dump(mode="json"), "s", tmp_path) == spec
 
 
 def test_default_partition_holds_all_compute_groups(spec_dir: Path) -> None:
@@ -368,7 +469,19 @@ def test_models_are_frozen_and_hashable(spec_dir: Path) -> None:
 
 @pytest.mark.parametrize(
     "model",
-    [ClusterSpec, InstanceGroup, LifecycleScript, StorageSpec, Partition, HealthPolicy],
+    [
+        ClusterSpec,
+        InstanceGroup,
+        LifecycleScript,
+        StorageSpec,
+        Partition,
+        HealthPolicy,
+        PriorityClassSpec,
+        TeamSpec,
+        UserSpec,
+        QuotaAmount,
+        FairShareSpec,
+    ],
 )
 def test_every_field_is_documented(model: type[pydantic.BaseModel]) -> None:
     for name, field in model.model_fields.items():

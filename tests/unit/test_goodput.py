@@ -297,3 +297,57 @@ def test_render_headline_buckets_timeline_and_formats() -> None:
     assert fmt_duration(724) == "12m04s" and fmt_duration(45.24) == "45.2s"
     assert fmt_duration(3723) == "1h02m03s" and fmt_duration(59.97) == "1m00s"
     assert fmt_offset(62.3) == "+1m02.3s" and fmt_offset(3.14) == "+3.1s"
+
+
+def preempted(last_step: int, saved: int | None) -> list[Ev]:
+    """Notice at 50 (steps 0..``last_step``, ``saved`` the newest checkpoint); stopped at 58;
+    back in the queue until attempt 2 is created at 100, its first rank at 101."""
+    return [
+        *start(),
+        ev(50, "job_preempted", 1, reason="job 9 needs the nodes"),
+        ev(50, "attempt_state", 1, old="running", new="stopping", cause="preempted"),
+        ev(50, "job_state", old="running", new="stopping"),
+        progress(58, 1, 0, last_step, 11.5, 52.0, last_checkpoint_step=saved),
+        ev(58, "attempt_state", 1, old="stopping", new="failed", cause="preempted"),
+        ev(58, "job_state", old="stopping", new="preempted"),
+        ev(100, "attempt_created", 2, nodes=[W0, W1], restart_reason=""),
+        ev(101.2, "rank_started", 2, rank=0, pid=300, started_at=101),
+    ]
+
+
+def test_preemption_is_its_own_bucket_not_a_fault() -> None:
+    # Saved at once on the notice (step 40): the resumed attempt starts at 41, nothing redone.
+    r = report([
+        *preempted(last_step=40, saved=40),
+        ev(108.1, "first_beacon", 2, at=108, step=41),
+        progress(160, 2, 41, 99, 108, 158),
+        *finish(160, 2),
+    ])  # fmt: skip
+    assert nonzero(r) == {
+        "queued": 2, "startup": 9.5, "productive": 40.5 + 50,
+        "preemption": (58 - 52) + (101 - 58), "reload": 7, "shutdown": 3,
+    }  # fmt: skip
+    assert r.faults == [] and r.notes == []
+    assert r.attempts[0].preempted_at == T0 + 50 and r.attempts[0].cause == "preempted"
+
+
+def test_steps_redone_after_a_preemption_are_lost_to_it() -> None:
+    # The script ignored the notice: it resumes from its periodic checkpoint at step 30.
+    r = report([
+        *preempted(last_step=40, saved=30),
+        ev(108.1, "first_beacon", 2, at=108, step=31),
+        progress(160, 2, 31, 99, 108, 158),
+        *finish(160, 2),
+    ])  # fmt: skip
+    assert r.buckets["preemption"] == pytest.approx(6 + 43 + 10)  # + steps 31..40 redone
+    assert r.buckets["recomputed"] == 0 and r.buckets["restart"] == 0
+    assert r.buckets["productive"] == pytest.approx(40.5 + 50 - 10)
+
+
+def test_a_job_waiting_after_its_preemption_counts_the_wait_as_preemption() -> None:
+    waiting = [e for e in preempted(last_step=40, saved=40) if e[0] < 100]
+    r = report(waiting, now=80)
+    assert nonzero(r) == {
+        "queued": 2, "startup": 9.5, "productive": 40.5, "preemption": 80 - 52,
+    }  # fmt: skip
+    assert r.state == "preempted" and r.ended_at is None

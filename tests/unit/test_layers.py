@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
         "trainpod.beacon",
         "trainpod.scheduler",
         "trainpod.procutil",
+        "trainpod.notice",
     },
     {"trainpod.paths"},
     {"trainpod.spec"},

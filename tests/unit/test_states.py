@@ -50,6 +50,8 @@ def test_every_state_has_a_row() -> None:
         (JOB_TRANSITIONS, J.STOPPING, J.FAILED),
         (JOB_TRANSITIONS, J.STOPPING, J.CANCELLED),
         (JOB_TRANSITIONS, J.PREEMPTED, J.QUEUED),
+        (JOB_TRANSITIONS, J.STOPPING, J.PREEMPTED),  # its preempted attempt has ended
+        (JOB_TRANSITIONS, J.PREEMPTED, J.STARTING),  # placed again, like a queued job
         (ATTEMPT_TRANSITIONS, A.LAUNCHING, A.RUNNING),
         (ATTEMPT_TRANSITIONS, A.LAUNCHING, A.CANCELLED),
         (ATTEMPT_TRANSITIONS, A.RUNNING, A.STOPPING),
@@ -114,10 +116,9 @@ def test_ended_states_are_terminal() -> None:
 
 
 def test_every_state_is_reachable_from_the_start() -> None:
-    # Nothing preempts yet: PREEMPTED has its way out (back to the queue) but no way in.
     cases: list[tuple[dict[Any, set[Any]], Any, set[Any]]] = [
         (NODE_TRANSITIONS, N.PROVISIONING, set()),
-        (JOB_TRANSITIONS, J.QUEUED, {J.PREEMPTED}),
+        (JOB_TRANSITIONS, J.QUEUED, set()),
         (ATTEMPT_TRANSITIONS, A.LAUNCHING, set()),
     ]
     for table, start, unused in cases:

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainpod.agent.launcher import Launcher
+from trainpod.agent.launcher import Launcher, Notice, ignore_notice_signal
 from trainpod.agent.warmstart import WarmStarter, plan
 from trainpod.agent.zygote import Plan
 from trainpod.api.models import LaunchOrder, RankReport, RankSlot
@@ -273,6 +273,7 @@ PROBE = """\
         "stderr": [sys.stderr.line_buffering, sys.stderr.errors],
     }
     out["env"].pop("TRAINPOD_WARM_START", None)
+    out["env"].pop("TRAINPOD_NOTICE_FILE", None)  # in the attempt's own dir
     print(json.dumps(out))
 """
 
@@ -392,3 +393,57 @@ def test_closing_while_preloading_does_not_wait_for_the_imports(short: Path) -> 
     assert not w.ready
     w.close(timeout_s=600)  # would block for 600 s if it waited for the zygote
     assert w.pid is None and not psutil.pid_exists(pid)
+
+
+NOTICE = """\
+    import signal, sys, time
+    import trainpod
+    ignored = signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+    print("started with the notice ignored:", ignored, flush=True)
+    if "--listen" in sys.argv:
+        trainpod.preempted()  # installs the handler
+    print("ready", flush=True)
+    while not ("--listen" in sys.argv and trainpod.preempted()):
+        time.sleep(0.01)
+    print("noticed: saving and exiting", flush=True)
+"""
+
+
+def test_a_notice_then_its_grace_then_teardown_warm_and_cold(
+    short: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As under the agent: it ignores the notice signal, so cold ranks and the zygote (and
+    its forks) inherit SIG_IGN; a listening script exits on the notice, an ignoring one gets
+    the grace, then SIGTERM, and the notice file is there for both."""
+    previous = signal.getsignal(signal.SIGUSR1)
+    ignore_notice_signal(signal.SIGUSR1)
+    w = starter(short, os.environ, [])
+    try:
+        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+        run = Run(w, tmp_path, caplog)
+        script = write(tmp_path / "notice.py", NOTICE)
+        cases = {
+            (how, mode): run.launch(["python", script, mode], 1, **env)
+            for how, env in (("warm start", {}), ("cold start", {"TRAINPOD_WARM_START": "0"}))
+            for mode in ("--listen", "--ignore")
+        }
+        for (how, _mode), attempt in cases.items():
+            run.wait_log(attempt, "ready")
+            assert run.how(attempt) == how
+            assert "started with the notice ignored: True" in run.log(attempt)
+        for (_how, mode), attempt in cases.items():
+            grace = 60.0 if mode == "--listen" else 0.2  # the listener never needs it all
+            run.launcher.kill(attempt, grace_s=30, notice=Notice(signal.SIGUSR1, grace))
+        for (how, mode), attempt in cases.items():
+            (r,) = run.ended(attempt)
+            if mode == "--listen":
+                assert (how, r.exit_code, r.signal) == (how, 0, None)
+                assert "noticed: saving and exiting" in run.log(attempt)
+            else:
+                assert (how, r.exit_code, r.signal) == (how, None, signal.SIGTERM)
+            notice = json.loads((tmp_path / f"attempt-{attempt}" / "notice-node.json").read_text())
+            assert (notice["signal"], notice["reason"]) == ("SIGUSR1", "preempted")
+        run.launcher.kill_everything()
+    finally:
+        w.close()
+        signal.signal(signal.SIGUSR1, previous)

@@ -19,7 +19,7 @@ from typing import Any
 
 from trainpod.agent.beacons import BeaconBook, rank_beacon
 from trainpod.agent.chaos import ChaosExecutor
-from trainpod.agent.launcher import Launcher
+from trainpod.agent.launcher import Launcher, Notice
 from trainpod.agent.lifecycle import LifecycleRunner
 from trainpod.agent.monitor import DeepChecker, HealthMonitor
 from trainpod.agent.persisters import CheckpointHub
@@ -154,7 +154,7 @@ class Agent:
                 self._checkpoints.retain(set(orders.active_jobs))
             for kill in orders.kill:
                 log.info("order: kill attempt %d (%s)", kill.attempt_id, kill.reason)
-                self.launcher.kill(kill.attempt_id, kill.grace_s)
+                self.launcher.kill(kill.attempt_id, kill.grace_s, notice=Notice.of(kill))
             if self._deep is not None:
                 self._deep.order(orders.deep_check)
             if self._chaos is not None and orders.chaos:

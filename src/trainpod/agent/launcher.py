@@ -9,10 +9,19 @@ from a warm interpreter that has imported torch already (see ``trainpod.agent.zy
 anything else, or any rank while the zygote is not ready, starts cold with ``Popen``. Both
 kinds look the same from here on: a pid leading its own process group, an exit reported at
 once, the same log. ``TRAINPOD_WARM_START=0`` in a job's env makes its ranks start cold.
+
+A preempted attempt's kill comes with a :class:`Notice`: the notice file is written (its path
+is each rank's ``TRAINPOD_NOTICE_FILE``), the notice signal goes to every rank's process
+group, the ranks get the notice's grace to exit on their own, and only then the usual
+SIGTERM and SIGKILL. The agent ignores the notice signal from its start
+(:func:`ignore_notice_signal`): SIG_IGN survives fork and exec, so cold ranks, the zygote and
+the ranks it forks all start with it ignored, and a script that never asks for notices is
+not killed by one (see :mod:`trainpod.notice`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -25,9 +34,10 @@ from pathlib import Path
 
 import psutil
 
-from trainpod import procutil
+from trainpod import notice, procutil
+from trainpod.agent.accounts import AccountError, run_as
 from trainpod.agent.warmstart import WarmProcess, WarmStarter
-from trainpod.api.models import AttemptReport, LaunchOrder, RankReport
+from trainpod.api.models import AttemptReport, KillOrder, LaunchOrder, RankReport
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +56,32 @@ def log_tail(path: Path, max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LINE
     except OSError:
         return ""
     return "\n".join(data.splitlines()[-max_lines:])
+
+
+@dataclass(frozen=True)
+class Notice:
+    """What a preempted attempt's ranks are told before they are torn down."""
+
+    signal: signal.Signals
+    grace_s: float
+    reason: str = "preempted"
+
+    @classmethod
+    def of(cls, order: KillOrder) -> Notice | None:
+        if order.notice_signal is None:
+            return None
+        return cls(notice.parse_signal(order.notice_signal), order.notice_grace_s, order.reason)
+
+
+def notice_file(log_dir: str | Path, node: str) -> Path:
+    """Where a node's ranks of an attempt find their notice (in the attempt's log dir)."""
+    return Path(log_dir) / f"notice-{node}.json"
+
+
+def ignore_notice_signal(sig: signal.Signals) -> None:
+    """Ignore ``sig`` in this process (the agent's main thread, before it starts anything),
+    so that every process it starts inherits SIG_IGN for it."""
+    signal.signal(sig, signal.SIG_IGN)
 
 
 @dataclass
@@ -126,6 +162,7 @@ class Launcher:
         self._on_change = on_change
         self._warm = warm
         self._lock = threading.Lock()
+        self._exited = threading.Condition(self._lock)  # notified when a rank ends
         self._runs: dict[int, AttemptRun] = {}
         self._seen: set[int] = set()  # every attempt ever launched here; never launch twice
 
@@ -148,28 +185,53 @@ class Launcher:
         return True
 
     def _spawn(self, order: LaunchOrder, rp: RankProcess) -> None:
-        env = {**os.environ, **order.env, **self._node_env}
-        env.update(
+        job_env = {**order.env, **self._node_env}
+        job_env.update(
             RANK=str(rp.rank),
             LOCAL_RANK=str(rp.local_rank),
             ROLE_RANK=str(rp.rank),
-            PYTHONUNBUFFERED=env.get("PYTHONUNBUFFERED", "1"),
+            PYTHONUNBUFFERED=job_env.get(
+                "PYTHONUNBUFFERED", os.environ.get("PYTHONUNBUFFERED", "1")
+            ),
         )
         scratch = Path(self._node_env.get("TRAINPOD_SCRATCH_DIR", ".")) / f"job-{order.job_id}"
-        env["TRAINPOD_JOB_SCRATCH_DIR"] = str(scratch)
+        job_env["TRAINPOD_JOB_SCRATCH_DIR"] = str(scratch)
+        job_env[notice.ENV_FILE] = str(self._notice_file(order))
+        env = {**os.environ, **job_env}
         rp.started_at = time.time()
         with rp.log_path.open("ab") as out:
             try:
                 scratch.mkdir(parents=True, exist_ok=True)
-                rp.proc = self._warm_start(order, rp, env) or subprocess.Popen(
-                    order.argv,
-                    cwd=order.workdir,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+                if order.account is not None:  # the owner's account: cold, with its env only
+                    account = run_as(order.account)
+                    account.own(scratch)
+                    env = account.env(job_env)
+                    rp.proc = subprocess.Popen(
+                        order.argv,
+                        cwd=order.workdir,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        user=account.uid,
+                        group=account.gid,
+                        extra_groups=list(account.groups),
+                    )
+                else:
+                    rp.proc = self._warm_start(order, rp, env) or subprocess.Popen(
+                        order.argv,
+                        cwd=order.workdir,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+            except AccountError as exc:
+                out.write(f"trainpod: {exc}\n".encode())
+                rp.exit_code, rp.ended_at = 126, time.time()
+                return
             except OSError as exc:
                 # Say why in the rank's own log, and end the rank like a shell would.
                 what = "working directory" if not Path(order.workdir).is_dir() else "command"
@@ -206,6 +268,7 @@ class Launcher:
                 rp.signal, rp.exit_code = -code, None
             else:
                 rp.exit_code = code
+            self._exited.notify_all()
         log.info(
             "rank %d (pid %d) ended: code=%s signal=%s",
             rp.rank,
@@ -216,8 +279,9 @@ class Launcher:
         self._on_change()
 
     # -- stopping -----------------------------------------------------------------------
-    def kill(self, attempt_id: int, grace_s: float) -> None:
-        """SIGTERM every live rank of the attempt, SIGKILL what is left after ``grace_s``.
+    def kill(self, attempt_id: int, grace_s: float, notice: Notice | None = None) -> None:
+        """SIGTERM every live rank of the attempt, SIGKILL what is left after ``grace_s``;
+        with a ``notice``, first the notice (file, then signal) and its grace period.
 
         Returns at once; the escalation runs in a thread. Idempotent.
         """
@@ -226,7 +290,41 @@ class Launcher:
             if run is None or run.killing or not run.running:
                 return
             run.killing = True
-        threading.Thread(target=self._terminate, args=(run, grace_s), daemon=True).start()
+        threading.Thread(target=self._stop, args=(run, grace_s, notice), daemon=True).start()
+
+    def _stop(self, run: AttemptRun, grace_s: float, notice: Notice | None) -> None:
+        if notice is not None:
+            self._give_notice(run, notice)
+        self._terminate(run, grace_s)
+
+    def _give_notice(self, run: AttemptRun, n: Notice) -> None:
+        """Write the notice file, signal every live rank's group, wait up to the grace for
+        the ranks to exit on their own."""
+        path = self._notice_file(run.order)
+        body = {"signal": n.signal.name, "grace_s": n.grace_s, "reason": n.reason}
+        try:
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps({**body, "at": time.time()}))
+            tmp.replace(path)  # whole or absent: a rank never reads half a notice
+        except OSError as exc:
+            what = f"attempt {run.order.attempt_id}"
+            log.warning("%s: cannot write the notice file %s: %s", what, path, exc)
+        with self._lock:
+            live = [r for r in run.ranks if r.running and r.proc is not None]
+        log.info(
+            "attempt %d: notice %s to ranks %s, %.1fs to exit",
+            run.order.attempt_id,
+            n.signal.name,
+            [r.rank for r in live],
+            n.grace_s,
+        )
+        for r in live:
+            _signal_group(r, n.signal)
+        with self._exited:
+            self._exited.wait_for(lambda: not run.running, timeout=n.grace_s)
+
+    def _notice_file(self, order: LaunchOrder) -> Path:
+        return notice_file(order.log_dir, self._node_env.get("TRAINPOD_NODE", "node"))
 
     def _terminate(self, run: AttemptRun, grace_s: float) -> None:
         leaders: list[psutil.Process] = []

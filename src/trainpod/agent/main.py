@@ -16,13 +16,14 @@ from trainpod.agent.beacons import BeaconServer
 from trainpod.agent.chaos import ChaosExecutor
 from trainpod.agent.checks import build_checks
 from trainpod.agent.facts import device_facts, node_facts
-from trainpod.agent.launcher import Launcher
+from trainpod.agent.launcher import Launcher, ignore_notice_signal
 from trainpod.agent.lifecycle import LifecycleRunner, Script
 from trainpod.agent.monitor import DeepChecker, HealthMonitor, deep_runner
 from trainpod.agent.persisters import CheckpointHub
 from trainpod.agent.warmstart import WarmStarter
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import NotFound
+from trainpod.notice import ENV_SIGNAL, parse_signal
 from trainpod.paths import ClusterPaths, ClusterRecord, read_secret
 from trainpod.spec.loading import load_recorded_spec
 
@@ -76,6 +77,11 @@ def main(argv: list[str] | None = None) -> None:
         "TRAINPOD_SCRATCH_DIR": str(scratch),
     }
     node_env = dict(identity)
+    # Preemption notices: ranks (and the zygote that forks some) inherit SIG_IGN for the
+    # notice signal, so only a script that asks for notices handles it (trainpod.preempted).
+    notice_signal = parse_signal(spec.preemption.signal)
+    ignore_notice_signal(notice_signal)
+    node_env[ENV_SIGNAL] = notice_signal.name
     if gpus:
         node_env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     else:

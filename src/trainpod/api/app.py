@@ -28,6 +28,7 @@ from trainpod.api.models import (
     NodeAction,
     NodeInfo,
     Orders,
+    PreemptRequest,
     RevokeRequest,
     ShellContext,
     StepEnd,
@@ -143,6 +144,13 @@ def create_app(
     @app.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo)
     def cancel(job_id: int, who: Caller) -> JobInfo:
         controller.cancel(job_id, by=who)
+        return controller.job_info(job_id)
+
+    @app.post("/v1/jobs/{job_id}/preempt", response_model=JobInfo)
+    def preempt(job_id: int, who: Caller, req: PreemptRequest | None = None) -> JobInfo:
+        """Admins: stop a running job with a preemption notice and queue it again."""
+        controller.authorize(who, Action.PREEMPT, job_id)
+        controller.preempt(job_id, req.reason if req is not None else "")
         return controller.job_info(job_id)
 
     @app.get("/v1/jobs/{job_id}/logs", response_model=LogChunk)

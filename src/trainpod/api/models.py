@@ -167,12 +167,22 @@ class LaunchOrder(_Model):
     env: dict[str, str]
     ranks: list[RankSlot]
     log_dir: str
+    account: str | None = Field(
+        default=None, description="the POSIX account the ranks run as (None: the agent's)"
+    )
 
 
 class KillOrder(_Model):
+    """Stop an attempt's ranks: SIGTERM, then SIGKILL after ``grace_s``. A preempted
+    attempt's order carries a notice: first ``notice_signal`` (a signal name) to every rank's
+    process group, after the notice file is written; ``notice_grace_s`` for the ranks to exit
+    on their own; only then the SIGTERM."""
+
     attempt_id: int
     grace_s: float
     reason: str
+    notice_signal: str | None = None
+    notice_grace_s: float = 0.0
 
 
 class DeepCheckOrder(_Model):
@@ -332,6 +342,10 @@ class LaunchPlan(_Model):
 class NodeAction(_Model):
     action: Literal["drain", "quarantine", "resume", "replace"]
     reason: str = Field(min_length=1, description="why: recorded in the node and its events")
+
+
+class PreemptRequest(_Model):
+    reason: str = Field(default="", description="why: shown as the job's reason and event")
 
 
 class ChaosRequest(_Model):

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from trainpod import beacon
+from trainpod import beacon, notice
 from trainpod.ckpt.coll import Coll
 from trainpod.ckpt.errors import CheckpointConfigError, CheckpointError
 from trainpod.ckpt.handoff import AgentLink, AgentPersistence, TierConfig, build_tiers, env_int
@@ -300,6 +300,13 @@ class Checkpointer:
     def step_time_s(self) -> float | None:
         """Median seconds per step measured between :meth:`due` calls (None before 2 calls)."""
         return statistics.median(self._step_times) if self._step_times else None
+
+    @property
+    def preempted(self) -> bool:
+        """True once this job's preemption notice has come (see :func:`trainpod.preempted`):
+        save now, :meth:`wait`, and exit. This rank's view; for every rank to stop at the
+        same step, ask ``trainpod.preempted(sync=True)`` on all of them."""
+        return notice.watcher().preempted()
 
     @property
     def interval_steps(self) -> int | None:

@@ -5,7 +5,7 @@ and the ranks of a ``trainpod run`` step are spawned here, by this CLI, from the
 environment, cwd and launch orders the controller computes for that node (the same
 functions its launch orders use; devices are simulated on a machine without GPUs, and the
 shell says so). On Slurm, ``trainpod alloc`` is salloc (:mod:`trainpod.cli.slurm`) and a
-shell or a step on a node is srun's to give. See docs/decisions/0012-interactive-allocations.md.
+shell or a step on a node is srun's to give. See docs/decisions/0013-interactive-allocations.md.
 
 An allocation stands while this CLI renews its lease (:class:`LeaseKeeper`); it is given back
 when the shell exits, when the terminal closes (SIGHUP) or the CLI is stopped (SIGTERM,

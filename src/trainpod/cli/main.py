@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from trainpod.cli import chaos, cluster, interactive, jobs, nodes, slurm, users
+from trainpod.cli import chaos, cluster, interactive, jobs, nodes, preempt, slurm, users
 from trainpod.cli.render import err_console
 from trainpod.errors import Retryable, TrainpodError
 
@@ -41,6 +41,7 @@ app.command("jobs")(jobs.jobs)
 app.command("show")(jobs.show)
 app.command("logs")(jobs.logs)
 app.command("cancel")(jobs.cancel)
+app.command("preempt")(preempt.preempt)
 app.command("events")(jobs.events)
 app.command("goodput")(jobs.goodput)
 

@@ -22,6 +22,7 @@ _STATE_STYLE = {
     "cancelled": "yellow",
     "suspect": "yellow",
     "queued": "white",
+    "preempted": "magenta",
     "starting": "cyan",
     "stopping": "yellow",
     "setting_up": "blue",

@@ -137,6 +137,11 @@ class TrainpodClient:
     def cancel(self, job_id: int) -> wire.JobInfo:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel", _JOB)
 
+    def preempt(self, job_id: int, reason: str = "") -> wire.JobInfo:
+        """Preempt a running job (admins only): notice, grace, requeued as ``preempted``."""
+        body = wire.PreemptRequest(reason=reason)
+        return self._call("POST", f"/v1/jobs/{job_id}/preempt", _JOB, body=body)
+
     def logs(
         self, job_id: int, *, rank: int = 0, attempt: int | None = None, offset: int = 0
     ) -> wire.LogChunk:

@@ -42,6 +42,11 @@ class Principal:
         return self.role == "admin"
 
 
+def owned_by(who: Principal) -> dict[str, str | None]:
+    """The fields of a job spec its caller owns, whatever the request said."""
+    return {"user": who.name, "team": who.team or "", "account": who.account}
+
+
 AGENT = Principal("agent", "agent")
 """The node agents (the agents' token)."""
 

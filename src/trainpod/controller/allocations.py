@@ -4,7 +4,7 @@ An *allocation* is a job with ``interactive=True`` made by ``trainpod alloc``: q
 placed like any other job, its one rank per node is ``python -m trainpod.agent.hold``, which
 keeps the nodes taken until it is stopped (see that module for why the watchdogs leave it
 alone). This module adds what an allocation needs beyond a job
-(docs/decisions/0012-interactive-allocations.md):
+(docs/decisions/0013-interactive-allocations.md):
 
 * **a lease**: the CLI that made the allocation renews it every few seconds while its shell
   runs; an allocation whose CLI went silent for :func:`lease_s` (killed with SIGKILL, its

@@ -20,6 +20,15 @@ class NodeDecl:
 
 
 @dataclass(frozen=True)
+class PreemptionConfig:
+    """The notice a preempted job's ranks get (``preemption:`` in the spec)."""
+
+    signal: str = "SIGUSR1"  # a validated name: the agent sends it to every rank's group
+    grace_s: float = 30.0  # notice -> teardown (SIGTERM, then SIGKILL after teardown_grace_s)
+    min_run_s: float = 0.0  # a job younger than this is not a victim (the scheduler's rule)
+
+
+@dataclass(frozen=True)
 class ControllerConfig:
     cluster: str
     backend: str
@@ -41,6 +50,7 @@ class ControllerConfig:
     retire_after: int = 3
     deep_check_timeout_s: float = 180.0
     event_retention_days: float = 30.0  # older events go, except those of live jobs
+    preemption: PreemptionConfig = PreemptionConfig()
     extra: dict[str, str] = field(default_factory=dict)
     priority_classes: tuple[PriorityClassSpec, ...] = ()
     teams: tuple[TeamSpec, ...] = ()

@@ -46,7 +46,7 @@ from trainpod.api.models import (
     StepRequest,
 )
 from trainpod.clock import Clock, SystemClock
-from trainpod.controller.access import Access, Action, Principal
+from trainpod.controller.access import Access, Action, Principal, owned_by
 from trainpod.controller.admission import Admission
 from trainpod.controller.allocations import Allocations
 from trainpod.controller.books import BeaconBook, ChaosBook
@@ -76,7 +76,8 @@ from trainpod.model.events import (
     JobSubmitted,
     NodeDeclared,
 )
-from trainpod.model.states import JobState, NodeState, RankState
+from trainpod.model.states import AttemptState, JobState, NodeState, RankState
+from trainpod.scheduler.base import Preempt
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import JobRow, NodeRow
@@ -184,7 +185,7 @@ class Controller:
         ``by``: the caller, who becomes the owner whatever ``spec.user`` says (the API
         always passes it; None: trusted in-process callers such as tests)."""
         if by is not None:
-            spec = spec.model_copy(update={"user": by.name, "team": by.team or ""})
+            spec = spec.model_copy(update=owned_by(by))
         resolved = self.admission.resolve(spec)
         now = self.clock.now()
         with self._lock, self.store.transaction():
@@ -211,7 +212,7 @@ class Controller:
     def plan(self, spec: JobSpec, by: Principal | None = None) -> LaunchPlan:
         """What :meth:`submit` would launch if the job were placed now (``--dry-run``)."""
         if by is not None:
-            spec = spec.model_copy(update={"user": by.name, "team": by.team or ""})
+            spec = spec.model_copy(update=owned_by(by))
         with self._lock:
             return self.admission.plan(spec)
 
@@ -228,7 +229,7 @@ class Controller:
             self.store.update_job(job_id, now, cancel_requested=True)
             self.store.append(now, CancelRequested(job_id=job_id))
             self.scheduling.cancelled(job, now)
-            if job.state is JobState.QUEUED:
+            if job.state in (JobState.QUEUED, JobState.PREEMPTED):
                 self.tx.set_job(job, JobState.CANCELLED, now, reason="cancelled while queued")
             elif job.state is JobState.RECOVERING and self.tx.active_attempt(job_id) is None:
                 self.tx.release_all(job_id, now)
@@ -278,6 +279,26 @@ class Controller:
         with self._lock:
             job = self.tx.job(job_id) if job_id is not None else None
         self.access.authorize(by, action, job)
+
+    def preempt(self, job_id: int, reason: str = "") -> JobRow:
+        """Preempt a running job by hand (an admin's), as a scheduler's ``Preempt`` would:
+        its ranks get the notice and ``preemption.grace_s``, then it waits in the queue as
+        ``preempted``. A job with nothing running raises :class:`Conflict`."""
+        now = self.clock.now()
+        why = reason.strip() or "preempted by an administrator"
+        with self._lock, self.store.transaction():
+            job = self.tx.job(job_id)
+            attempt = self.tx.active_attempt(job_id)
+            if job.state.ended or attempt is None:
+                raise Conflict(
+                    f"job {job_id} is {job.state.value}, with no attempt running: "
+                    "only a running job can be preempted"
+                )
+            if job.cancel_requested or attempt.state is AttemptState.STOPPING:
+                raise Conflict(f"job {job_id} is already stopping ({job.reason or 'cancel'})")
+            self.executor.preempt(Preempt(job_id, why, self.cfg.preemption.grace_s), now)
+            self.wake.bump()
+            return self.tx.job(job_id)
 
     # -- chaos ----------------------------------------------------------------------------
     def chaos(self, req: ChaosRequest) -> ChaosOrder:

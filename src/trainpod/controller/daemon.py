@@ -19,7 +19,7 @@ import uvicorn
 from trainpod.api.app import create_app
 from trainpod.api.models import ClusterInfo
 from trainpod.backends.base import backend_for
-from trainpod.controller.config import ControllerConfig, NodeDecl
+from trainpod.controller.config import ControllerConfig, NodeDecl, PreemptionConfig
 from trainpod.controller.core import Controller
 from trainpod.controller.external import Scheduling
 from trainpod.controller.ops import ClusterOps
@@ -59,6 +59,11 @@ def config_from_record(record: ClusterRecord, paths: ClusterPaths) -> Controller
         auto_repair=spec.recovery.auto_repair,
         retire_after=spec.recovery.retire_after,
         deep_check_timeout_s=spec.recovery.deep_check_timeout_s,
+        preemption=PreemptionConfig(
+            signal=spec.preemption.signal,
+            grace_s=spec.preemption.grace_s,
+            min_run_s=spec.preemption.min_run_s,
+        ),
         extra={"cluster_id": f"{spec.name}-{record.created_at:.0f}"},
         priority_classes=spec.priority_classes,
         teams=spec.teams,

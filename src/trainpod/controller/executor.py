@@ -49,7 +49,7 @@ from trainpod.store.rows import AttemptRow, JobRow, NodeRow
 log = logging.getLogger(__name__)
 
 _COUNTING = {FaultKind.CRASH.value, FaultKind.HANG.value}
-CAUSE_PREEMPTED = "preempted"
+CAUSE_PREEMPTED = judging.CAUSE_PREEMPTED
 _FAULTY = HELD_NODE_STATES | {NodeState.SUSPECT}
 
 
@@ -164,11 +164,11 @@ class Executor:
             self._recover(self.tx.job(job.id), attempt, now)
 
     def _requeue_preempted(self, job: JobRow, attempt: AttemptRow, now: float) -> None:
+        """The preempted attempt has ended: the job waits in the queue as ``preempted``
+        (no fault, no restart used) and resumes from its newest checkpoint when placed."""
         reason = f"preempted: {attempt.failure.reason or ''}"
         self.tx.release_all(job.id, now)
-        if job.state is not JobState.RECOVERING:
-            self.tx.set_job(job, JobState.RECOVERING, now, reason=reason)
-        self.tx.set_job(self.tx.job(job.id), JobState.QUEUED, now, reason=reason)
+        self.tx.set_job(job, JobState.PREEMPTED, now, reason=reason)
 
     def _note_fault(self, attempt: AttemptRow, now: float) -> None:
         """Record ``fault_detected`` once per attempt, with when the fault really happened."""

@@ -111,4 +111,5 @@ def launch_order(
         env=env,
         ranks=[RankSlot(rank=first + i, local_rank=i) for i in range(procs_per_node)],
         log_dir=str(attempt_log_dir(cfg, job_id, attempt_number)),
+        account=spec.account,
     )

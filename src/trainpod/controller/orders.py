@@ -10,6 +10,7 @@ from trainpod.controller import checkpoints
 from trainpod.controller.books import ChaosBook
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.external import Scheduling
+from trainpod.controller.judge import CAUSE_PREEMPTED
 from trainpod.controller.launch import launch_order
 from trainpod.controller.transitions import Transitions
 from trainpod.model.states import AttemptState, NodeState, RankState
@@ -41,12 +42,7 @@ class OrderDesk:
             mine = [r for r in self.store.ranks(attempt.id) if r.node == node]
             if attempt.state is AttemptState.STOPPING:
                 if any(not r.state.ended for r in mine):
-                    grace = attempt.failure.grace_s
-                    if grace is None:
-                        grace = self.cfg.teardown_grace_s
-                    kill.append(
-                        KillOrder(attempt_id=attempt.id, grace_s=grace, reason=attempt.cause)
-                    )
+                    kill.append(self.kill_order(attempt))
             elif any(r.state is RankState.PENDING for r in mine):
                 launch.append(self.launch_order(attempt, node))
         for attempt_id in sorted(self.running.get(node, set()) - active):
@@ -65,6 +61,26 @@ class OrderDesk:
             active_jobs=checkpoints.active_jobs(self.store, node),
             leave=self.scheduling.leave_code(row),
         ).sealed()
+
+    def kill_order(self, attempt: AttemptRow) -> KillOrder:
+        """A stopping attempt's kill order; a preempted one's carries the notice (its signal,
+        and the grace the preemption gave, else the spec's ``preemption.grace_s``)."""
+        teardown = self.cfg.teardown_grace_s
+        if attempt.cause != CAUSE_PREEMPTED:
+            grace = attempt.failure.grace_s
+            return KillOrder(
+                attempt_id=attempt.id,
+                grace_s=teardown if grace is None else grace,
+                reason=attempt.cause,
+            )
+        notice = attempt.failure.grace_s
+        return KillOrder(
+            attempt_id=attempt.id,
+            grace_s=teardown,
+            reason=attempt.cause,
+            notice_signal=self.cfg.preemption.signal,
+            notice_grace_s=self.cfg.preemption.grace_s if notice is None else notice,
+        )
 
     def launch_order(self, attempt: AttemptRow, node: str) -> LaunchOrder:
         job = self.tx.job(attempt.job_id)

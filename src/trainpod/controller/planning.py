@@ -46,7 +46,7 @@ class Planner:
         return snapshot
 
     def snapshot(self, now: float) -> Snapshot:
-        queued = self.store.jobs([JobState.QUEUED])
+        queued = self.store.jobs([JobState.QUEUED, JobState.PREEMPTED])
         ids = {j.id for j in queued}
         for stale in set(self._shapes) - ids:
             del self._shapes[stale]

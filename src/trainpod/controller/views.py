@@ -150,7 +150,8 @@ def _job_info(
     hold: str,
     live: dict[str, Any] | None,
 ) -> JobInfo:
-    reason = job.reason or (hold if job.state is JobState.QUEUED else "")
+    waiting = job.state in (JobState.QUEUED, JobState.PREEMPTED)
+    reason = job.reason or (hold if waiting else "")
     return JobInfo(
         id=job.id,
         name=job.name,

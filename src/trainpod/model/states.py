@@ -44,7 +44,7 @@ class JobState(_State):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
-    PREEMPTED = "preempted"
+    PREEMPTED = "preempted"  # stopped for another job, queued again; resumes when placed
 
     @property
     def ended(self) -> bool:
@@ -99,9 +99,10 @@ JOB_TRANSITIONS: dict[JobState, set[JobState]] = {
     J.QUEUED: {J.STARTING, J.CANCELLED, J.FAILED},
     J.STARTING: {J.RUNNING, J.STOPPING, J.FAILED, J.COMPLETED, J.CANCELLED, J.RECOVERING},
     J.RUNNING: {J.STOPPING, J.COMPLETED, J.FAILED, J.RECOVERING},
-    J.RECOVERING: {J.STARTING, J.STOPPING, J.FAILED, J.CANCELLED, J.QUEUED},
-    J.STOPPING: {J.FAILED, J.CANCELLED, J.COMPLETED, J.RECOVERING},
-    J.PREEMPTED: {J.QUEUED, J.CANCELLED},
+    J.RECOVERING: {J.STARTING, J.STOPPING, J.FAILED, J.CANCELLED, J.QUEUED, J.PREEMPTED},
+    J.STOPPING: {J.FAILED, J.CANCELLED, J.COMPLETED, J.RECOVERING, J.PREEMPTED},
+    # Back in the queue after a preemption (the planner takes it like a queued job).
+    J.PREEMPTED: {J.STARTING, J.QUEUED, J.CANCELLED, J.FAILED},
     J.COMPLETED: set(),
     J.FAILED: set(),
     J.CANCELLED: set(),

@@ -18,7 +18,8 @@ periods), so a policy can act on time alone.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,13 @@ class QueuedJob:
     groups: frozenset[str]  # the groups of its partition
     submitted_at: float = 0.0
     requeued: str = ""  # why an earlier attempt ended (a requeue): the restart's reason
+    partition: str = ""  # the partition's name (quotas are per team per partition)
+    team: str = ""  # the owner's team
+    user: str = ""  # the owner
+    priority: int = 0  # its priority class's value: higher runs first
+    priority_class: str = ""  # that class's name, for reasons
+    preemptible: bool = True  # may be stopped for higher work once it runs
+    time_limit_s: float | None = None  # declared run time (--time); None: unknown
 
 
 @dataclass(frozen=True)
@@ -35,7 +43,16 @@ class RunningJob:
     id: int
     attempt: int  # the running attempt's id
     nodes: tuple[str, ...]
-    started_at: float | None = None
+    started_at: float | None = None  # None: still starting
+    partition: str = ""
+    team: str = ""
+    user: str = ""
+    priority: int = 0
+    priority_class: str = ""
+    preemptible: bool = True
+    time_limit_s: float | None = None
+    last_checkpoint_at: float | None = None  # its newest committed checkpoint
+    stopping: bool = False  # a preemption or teardown is under way: its nodes come free soon
 
 
 @dataclass(frozen=True)
@@ -52,6 +69,8 @@ class Snapshot:
     queue: tuple[QueuedJob, ...]  # oldest first
     running: tuple[RunningJob, ...]
     nodes: tuple[NodeSlot, ...]  # in the spec's order
+    usage: Mapping[str, float] = field(default_factory=dict)
+    """Team -> node-seconds used, decayed to ``now`` (see :mod:`trainpod.scheduler.usage`)."""
 
     def free(self) -> list[NodeSlot]:
         return [n for n in self.nodes if n.free]
@@ -68,6 +87,8 @@ class Place:
 class Hold:
     job_id: int
     reason: str  # why it waits, in words its owner can act on
+    position: int | None = None  # 1-based place in scheduling order among all queued jobs
+    estimated_start: float | None = None  # epoch seconds, where one can be computed
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 
+from trainpod.spec.preemption import PreemptionPolicy
 from trainpod.spec.sharing import (
     FairShareSpec,
     PriorityClassSpec,
@@ -353,6 +354,8 @@ class ClusterSpec(_Model):
     """Heartbeat interval and timeout."""
     recovery: RecoveryPolicy = RecoveryPolicy()
     """Teardown grace period and default restart budget."""
+    preemption: PreemptionPolicy = PreemptionPolicy()
+    """The notice signal and grace period a preempted job gets; its minimum run time."""
     slurm: SlurmSpec | None = None
     """With ``backend: slurm``: the slurm.conf and sbatch options for every job."""
     priority_classes: tuple[PriorityClassSpec, ...] = ()

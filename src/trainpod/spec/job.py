@@ -41,6 +41,9 @@ class JobSpec(BaseModel):
         default="", description="who submitted it: set by the controller from the caller's token"
     )
     team: str = Field(default="", description="the owner's team: set by the controller")
+    account: str | None = Field(
+        default=None, description="the POSIX account its ranks run as: set by the controller"
+    )
     priority_class: str | None = Field(
         default=None, description="a priority class of the cluster; None = the team's default"
     )

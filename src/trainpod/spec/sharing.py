@@ -39,6 +39,7 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StrictStr,
+    field_validator,
     model_validator,
 )
 
@@ -82,6 +83,7 @@ class PriorityClassSpec(_Model):
     """A named priority, as Kueue's WorkloadPriorityClass or a Slurm QOS."""
 
     name: ClassName
+    """Unique class name: lowercase letters, digits and dashes."""
     value: StrictInt = Field(ge=0, le=1_000_000)
     """Higher runs first, and may preempt lower classes' preemptible jobs."""
     preemptible: StrictBool = True
@@ -94,7 +96,9 @@ class QuotaAmount(_Model):
     """A team's share of a partition, in whole nodes or in devices (converted to nodes)."""
 
     nodes: StrictInt | None = Field(default=None, ge=0)
+    """Whole nodes."""
     devices: StrictInt | None = Field(default=None, ge=0)
+    """Devices (GPUs): a multiple of the partition's devices per node."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> QuotaAmount:
@@ -107,7 +111,8 @@ class TeamSpec(_Model):
     """A team: its quota per partition, its fair-share weight, and what it lends or borrows."""
 
     name: TeamName
-    quota: dict[StrictStr, StrictInt | QuotaAmount] = Field(default_factory=dict)
+    """Unique team name: lowercase letters, digits and dashes."""
+    quota: dict[StrictStr, QuotaAmount] = Field(default_factory=dict)
     """Partition -> nodes the team may use at once (or ``{devices: N}``); absent: none of
     its own (it runs only on borrowed capacity, if it may borrow)."""
     weight: float = Field(default=1.0, gt=0, allow_inf_nan=False)
@@ -121,11 +126,23 @@ class TeamSpec(_Model):
     default_priority_class: StrictStr | None = None
     """The class of its jobs that name none; none: the cluster's default class."""
 
+    @field_validator("quota", mode="before")
+    @classmethod
+    def _nodes_shorthand(cls, value: object) -> object:
+        """``{gpu: 2}`` is ``{gpu: {nodes: 2}}``."""
+        if isinstance(value, dict):
+            return {
+                k: {"nodes": v} if isinstance(v, int) and not isinstance(v, bool) else v
+                for k, v in value.items()
+            }
+        return value
+
 
 class UserSpec(_Model):
     """A person who submits work: the team they submit as and what they may do."""
 
     name: UserName
+    """The name the user's token acts as (a POSIX user name)."""
     team: StrictStr | None = None
     """Required once the spec declares teams (admins may have none)."""
     role: UserRole = "user"
@@ -145,9 +162,7 @@ def quota_nodes(spec: ClusterSpec, team: TeamSpec) -> dict[str, int]:
     devices per node; :func:`sharing_problems` made sure that divides)."""
     out: dict[str, int] = {}
     for part, amount in team.quota.items():
-        if isinstance(amount, int):
-            out[part] = amount
-        elif amount.nodes is not None:
+        if amount.nodes is not None:
             out[part] = amount.nodes
         else:
             per_node = _devices_per_node(spec, part)
@@ -195,7 +210,7 @@ def sharing_problems(spec: ClusterSpec) -> list[SpecProblem]:
                 fix = f"use one of the partitions: {', '.join(sorted(partitions))}"
                 problems.append(SpecProblem(loc, "no such partition", part, fix))
                 continue
-            if isinstance(amount, QuotaAmount) and amount.devices is not None:
+            if amount.devices is not None:
                 per_node = _devices_per_node(spec, part)
                 if per_node is None:
                     reason = "its nodes do not all have the same number of devices"

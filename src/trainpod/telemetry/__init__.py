@@ -10,6 +10,10 @@ Goodput (``compute_goodput``) splits a job's wall clock into these buckets, in s
 - detection: fault_at → fault_detected; teardown: fault_detected → the attempt's end.
 - restart: that end → the next attempt's first rank, less waiting_for_spare (a ``wait``
   recovery decision → the next attempt_created).
+- preemption: what a preemption cost: a preempted attempt's last beacon → its end (the
+  notice, the grace, the teardown), its end → the next attempt's first rank (the wait in
+  the queue), and the steps the next attempt redoes (those after its last checkpoint).
+  Never a fault, never ``recomputed`` or ``restart``.
 - reload: the next attempt's first rank → its first beacon.
 - shutdown: last beacon of the final attempt (its end, after a fault) → job end.
 - running_no_beacons: ranks ran but sent no beacons, so nobody can tell productive time.

@@ -21,6 +21,7 @@ from trainpod.model.events import (
     FaultClassified,
     FaultDetected,
     FirstBeacon,
+    JobPreempted,
     RankStarted,
     RecoveryDecision,
     parse,
@@ -38,6 +39,7 @@ BUCKETS = (  # in display order
     "teardown",
     "restart",
     "waiting_for_spare",
+    "preemption",
     "reload",
     "shutdown",
     "unaccounted",
@@ -83,6 +85,7 @@ class AttemptTimeline:
     step_time_s: float | None = None
     checkpoint_stall_s: float = 0.0
     last_checkpoint_step: int | None = None
+    preempted_at: float | None = None  # its notice: job_preempted
 
 
 _A = AttemptTimeline
@@ -191,6 +194,8 @@ def _collect(job: JobInfo, evs: list[EventInfo], notes: list[str]) -> tuple[list
                 a.step_time_s = step_time if step_time is not None and step_time > 0 else None
                 a.checkpoint_stall_s = max(0.0, e.checkpoint_stall_s)
                 a.last_checkpoint_step = e.last_checkpoint_step
+            case JobPreempted():
+                a.preempted_at = _min(a.preempted_at, ts)
             case RecoveryDecision() as e:
                 a.recovery = e.action
                 a.waiting_since = _min(a.waiting_since, ts if e.action == "wait" else None)
@@ -210,8 +215,12 @@ def _collect(job: JobInfo, evs: list[EventInfo], notes: list[str]) -> tuple[list
 
 
 def _between(sw: _Sweep, prev: _A, created: float | None, first: float | None) -> None:
-    """Failed attempt's end → the next one's first rank: restart, maybe waiting for a spare."""
+    """Failed attempt's end → the next one's first rank: restart, maybe waiting for a spare;
+    after a preemption, the wait in the queue is the preemption's."""
     label, end, wait = f"attempt {prev.number}→{prev.number + 1}: ", prev.ended_at, None
+    if prev.preempted_at is not None:
+        sw.add("preemption", end, first, label)
+        return
     if prev.waiting_since is not None:  # the decision may come before the teardown ends
         wait = prev.waiting_since if end is None else max(prev.waiting_since, end)
         sw.add("restart", end, wait, label)
@@ -238,7 +247,10 @@ def _beaconed(sw: _Sweep, a: _A, last: float | None, earlier: list[_A]) -> None:
         sw.notes.append(f"{label}recomputed + checkpoint stall exceed its beacons by {over:.3f}s")
     redo = min(redo, span)
     stall = min(stall, span - redo)
-    sw.b["recomputed"] += redo
+    # Steps redone after a preemption are the work it lost (notice after the last save).
+    sw.b["preemption" if prev is not None and prev.preempted_at is not None else "recomputed"] += (
+        redo
+    )
     sw.b["checkpoint_stall"] += stall
     sw.b["productive"] += span - redo - stall
 
@@ -255,7 +267,8 @@ def _attempt(sw: _Sweep, a: _A, earlier: list[_A], final: bool, ended: bool) -> 
     active = a.state not in _ATTEMPT_ENDED
     end = sw.end if a.ended_at is None and final else a.ended_at
     fault_at = a.fault_at if a.state == "failed" or (active and a.state == "stopping") else None
-    upto = fault_at if fault_at is not None else end
+    notice = a.preempted_at if fault_at is None else None
+    upto = fault_at if fault_at is not None else notice if notice is not None else end
     last = a.last_beacon_at
     if a.first_beacon_at is None:
         sw.notes.append(f"{label}sent no progress beacons: its run time is running_no_beacons")
@@ -269,7 +282,9 @@ def _attempt(sw: _Sweep, a: _A, earlier: list[_A], final: bool, ended: bool) -> 
     else:
         _beaconed(sw, a, last, earlier)
         sw.add("recomputed", last, fault_at, label)
-    if fault_at is not None:
+    if notice is not None:
+        sw.add("preemption", sw.cursor, end, label)  # last beacon (or notice) → stopped
+    elif fault_at is not None:
         sw.add("detection", fault_at, a.detected_at, label)
         sw.add("teardown", a.detected_at, end, label)
     elif a.state == "failed":

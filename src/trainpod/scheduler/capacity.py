@@ -1,0 +1,292 @@
+"""Node capacity over time for one scheduling pass, kept as counts per node group.
+
+Per group it holds:
+
+* the free nodes (names in the spec's order; whoever places takes from the front) and how
+  many of them are still unclaimed;
+* *holes*: free nodes a waiting job has claimed from its expected start on; until then a job
+  whose time limit ends before that start may use them (backfill);
+* nodes of stopping jobs (free soon);
+* a heap of future releases: when each running job's nodes come free (from its time limit;
+  never for an unknown one), and those of jobs placed or reserved during this pass.
+
+A waiting job's reservation takes the earliest nodes to come free in its groups; its start is
+when the last of them does. Every operation touches the job's groups and the entries it
+consumes, never every node.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from trainpod.scheduler.base import NodeSlot
+
+INF = float("inf")
+NO_OWNER = -1
+
+
+@dataclass
+class Hole:
+    deadline: float  # the claimant's expected start: a job using it must end by then
+    count: int
+    owner: int  # the queued job that claimed it
+
+
+@dataclass
+class Group:
+    rank: int  # its first node's index in the spec: groups are used in this order
+    names: list[str] = field(default_factory=list)  # free nodes in spec order
+    taken: int = 0  # names[:taken] were placed this pass
+    free: int = 0  # free and unclaimed
+    holes: list[Hole] = field(default_factory=list)
+    stopping: list[list[int]] = field(default_factory=list)  # [running job, nodes left]
+    stopping_left: int = 0  # the sum of those
+    future: list[list[float]] = field(default_factory=list)  # heap [time, seq, count, owner]
+    finite: int = 0  # nodes in ``future`` with a known time, not yet reserved
+
+
+@dataclass(frozen=True)
+class Reservation:
+    start: float | None  # None: it depends on a job with no known end
+
+
+class Capacity:
+    def __init__(self, nodes: Sequence[NodeSlot], now: float, soon: float) -> None:
+        """``soon``: when a stopping job's nodes are expected to be free."""
+        self.now = now
+        self.soon = soon
+        self.groups: dict[str, Group] = {}
+        self.index: dict[str, int] = {}
+        self._seq = 0
+        self._sets: dict[frozenset[str], list[Group]] = {}
+        self._entries: dict[int, list[tuple[Group, list[float]]]] = {}  # running job -> its
+        self.dead: set[int] = set()  # running jobs whose nodes went to a preemptor
+        self.relied_on: set[int] = set()  # running jobs whose release a reservation counts on
+        for i, n in enumerate(nodes):
+            self.index[n.name] = i
+            g = self.groups.get(n.group)
+            if g is None:
+                g = self.groups[n.group] = Group(rank=i)
+            if n.free:
+                g.names.append(n.name)
+                g.free += 1
+
+    def _ordered(self, groups: frozenset[str]) -> list[Group]:
+        gs = self._sets.get(groups)
+        if gs is None:
+            gs = sorted((self.groups[g] for g in groups if g in self.groups), key=lambda g: g.rank)
+            self._sets[groups] = gs
+        return gs
+
+    # -- what is there now ---------------------------------------------------------------------
+    def free_in(self, groups: frozenset[str]) -> int:
+        return sum(g.free for g in self._ordered(groups))
+
+    def idle_in(self, groups: frozenset[str]) -> int:
+        """Free nodes not yet placed, claimed or not."""
+        return sum(len(g.names) - g.taken for g in self._ordered(groups))
+
+    def usable(self, groups: frozenset[str], end: float | None) -> int:
+        """Nodes a job ending at ``end`` (None: unknown) could start on now."""
+        total = 0
+        for g in self._ordered(groups):
+            total += g.free
+            if end is not None:
+                total += sum(h.count for h in g.holes if h.deadline >= end)
+        return total
+
+    def stuck(self, groups: frozenset[str], n: int, end: float | None) -> bool:
+        """Nothing in these groups can start, be claimed soon or get a known start for ``n``
+        nodes: none free, none stopping, too few coming free at known times, and no holes
+        this job could use. (Victims may still help.)"""
+        finite = 0
+        for g in self._ordered(groups):
+            if g.free or g.stopping_left or (g.holes and end is not None):
+                return False
+            finite += g.finite
+        return finite < n
+
+    def stopping_in(self, groups: frozenset[str]) -> int:
+        return sum(g.stopping_left for g in self._ordered(groups))
+
+    def claimants(self, groups: frozenset[str]) -> list[int]:
+        return sorted({h.owner for g in self._ordered(groups) for h in g.holes})
+
+    # -- running jobs --------------------------------------------------------------------------
+    def add_running(self, job: int, per_group: dict[str, int], end: float | None) -> None:
+        for name, count in per_group.items():
+            g = self.groups.get(name)
+            if g is not None and end is not None:
+                self._push(g, end, count, job)
+
+    def add_stopping(self, job: int, per_group: dict[str, int]) -> None:
+        for name, count in per_group.items():
+            g = self.groups.get(name)
+            if g is not None:
+                g.stopping.append([job, count])
+                g.stopping_left += count
+
+    def _push(self, g: Group, time: float, count: int, owner: int) -> None:
+        self._seq += 1
+        entry = [time, self._seq, count, owner]
+        heapq.heappush(g.future, entry)
+        if time != INF:
+            g.finite += count
+        if owner != NO_OWNER:
+            self._entries.setdefault(owner, []).append((g, entry))
+
+    def kill(self, job: int) -> None:
+        """A running job's nodes went to a preemptor: its release is no one else's."""
+        self.dead.add(job)
+        for g, entry in self._entries.pop(job, []):
+            if entry[0] != INF:
+                g.finite -= int(entry[2])
+            entry[2] = 0
+
+    # -- decisions -----------------------------------------------------------------------------
+    def place(self, groups: frozenset[str], n: int, end: float | None) -> tuple[str, ...]:
+        """Take ``n`` nodes now (holes a job ending by ``end`` may use first); the caller
+        checked :meth:`usable`."""
+        chosen: list[str] = []
+        left = n
+        for g in self._ordered(groups):
+            if left == 0:
+                break
+            from_holes = 0
+            if end is not None and g.holes:
+                for h in sorted(
+                    (h for h in g.holes if h.deadline >= end), key=lambda h: h.deadline
+                ):
+                    use = min(h.count, left - from_holes)
+                    h.count -= use
+                    from_holes += use
+                    if from_holes == left:
+                        break
+                g.holes = [h for h in g.holes if h.count > 0]
+            from_free = min(g.free, left - from_holes)
+            g.free -= from_free
+            take = from_holes + from_free
+            chosen.extend(g.names[g.taken : g.taken + take])
+            g.taken += take
+            left -= take
+            if from_free:
+                # nodes from holes go back to their claimant; these come free at ``end``
+                self._push(g, INF if end is None else end, from_free, NO_OWNER)
+        chosen.sort(key=self.index.__getitem__)
+        return tuple(chosen)
+
+    def claim_soon(self, groups: frozenset[str], n: int) -> list[int] | None:
+        """Claim free and stopping nodes for a job that can start once those jobs have
+        stopped; the stopping jobs it waits for, or None if they are not enough."""
+        gs = self._ordered(groups)
+        if sum(g.free + g.stopping_left for g in gs) < n:
+            return None
+        left = n
+        for g in gs:
+            use = min(g.free, left)
+            g.free -= use
+            left -= use
+        waits: list[int] = []
+        for g in gs:
+            for s in g.stopping:
+                if left == 0:
+                    break
+                use = min(s[1], left)
+                if use:
+                    s[1] -= use
+                    g.stopping_left -= use
+                    left -= use
+                    waits.append(s[0])
+        return sorted(set(waits))
+
+    def claim_victims(
+        self, groups: frozenset[str], n: int, victims: dict[int, dict[str, int]]
+    ) -> None:
+        """A preemptor claims free and stopping nodes, then its victims' nodes."""
+        gs = self._ordered(groups)
+        left = n
+        for g in gs:
+            use = min(g.free, left)
+            g.free -= use
+            left -= use
+        for g in gs:
+            for s in g.stopping:
+                use = min(s[1], left)
+                s[1] -= use
+                g.stopping_left -= use
+                left -= use
+        for job in victims:
+            self.kill(job)
+
+    def reserve(
+        self,
+        groups: frozenset[str],
+        n: int,
+        duration: float | None,
+        owner: int,
+        hold_until: float | None = None,
+    ) -> Reservation:
+        """Reserve the earliest nodes to come free for a job that cannot start now; free
+        nodes it takes become holes until its start (or ``hold_until`` if sooner)."""
+        gs = self._ordered(groups)
+        got: dict[int, int] = {}  # id(group) -> nodes
+        start = self.now
+        left = n
+        for g in gs:
+            use = min(g.free, left)
+            if use:
+                g.free -= use
+                got[id(g)] = got.get(id(g), 0) + use
+                left -= use
+        free_taken = dict(got)
+        if left:
+            for g in gs:
+                for s in g.stopping:
+                    use = min(s[1], left)
+                    if use:
+                        s[1] -= use
+                        g.stopping_left -= use
+                        got[id(g)] = got.get(id(g), 0) + use
+                        left -= use
+                        start = max(start, self.soon)
+        consumed: list[tuple[Group, list[float], int]] = []
+        if left and sum(g.finite for g in gs) < left:
+            left = 0  # what comes free at known times is not enough: no known start
+            start = INF
+        while left:
+            best: Group | None = None
+            for g in gs:
+                fut = g.future
+                while fut and fut[0][2] <= 0:
+                    heapq.heappop(fut)
+                if fut and (best is None or fut[0][0] < best.future[0][0]):
+                    best = g
+            if best is None or best.future[0][0] == INF:
+                start = INF
+                break
+            top = best.future[0]
+            use = min(int(top[2]), left)
+            top[2] -= use
+            best.finite -= use
+            left -= use
+            consumed.append((best, top, use))
+            got[id(best)] = got.get(id(best), 0) + use
+            start = max(start, top[0])
+        if start == INF:
+            # it waits on a job with no known end: what comes free before is not its to hold
+            for g, entry, use in consumed:
+                entry[2] += use
+                g.finite += use
+        else:
+            self.relied_on.update(int(e[3]) for _, e, _ in consumed if e[3] != NO_OWNER)
+        deadline = start if hold_until is None else min(start, hold_until)
+        for g in gs:
+            taken = free_taken.get(id(g), 0)
+            if taken:
+                g.holes.append(Hole(deadline, taken, owner))
+            count = got.get(id(g), 0)
+            if count and start != INF and duration is not None:
+                self._push(g, start + duration, count, NO_OWNER)
+        return Reservation(None if start == INF else start)
