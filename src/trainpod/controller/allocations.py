@@ -89,7 +89,7 @@ class Allocations:
         if not self.leases:
             return
         for job in self.store.jobs(_LIVE_JOBS):
-            if self.tx.spec(job).interactive:
+            if job.spec.get("interactive"):  # the stored spec, not validated: a long queue
                 self._deadline[job.id] = now + lease_s(self.cfg)
 
     def submitted(self, job_id: int, spec: JobSpec, now: float) -> None:
