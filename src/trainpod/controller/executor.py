@@ -60,17 +60,17 @@ class Executor:
     tx: Transitions
     scheduling: Scheduling
     beacons: BeaconBook
-    holds: dict[int, str] = field(default_factory=dict, init=False)
+    holds: dict[int, Hold] = field(default_factory=dict, init=False)
     """Why each queued job waits, as the scheduler said on its last pass."""
 
     # -- the scheduler's decisions ------------------------------------------------------------
     def schedule(self, decisions: Iterable[SchedulerDecision], now: float) -> bool:
         """Apply one scheduling pass; True if anything changed in the store."""
         changed = False
-        holds: dict[int, str] = {}
+        holds: dict[int, Hold] = {}
         for d in decisions:
             if isinstance(d, Hold):
-                holds[d.job_id] = d.reason
+                holds[d.job_id] = d
             elif isinstance(d, Place):
                 self.tx.start_attempt(self.tx.job(d.job_id), list(d.nodes), now, d.restart_reason)
                 changed = True
