@@ -204,7 +204,7 @@ def test_alloc_waits_in_the_queue_and_shows_why(
     busy = cluster.submit(["python", str(WORKERS / "hold.py"), str(release)], nodes=2)
     cluster.wait_job(busy.id, {"running"})
     term = open_terminal(terminals, cluster, "alloc", "-N", "1", "--shell", SHELL)
-    queued = term.expect(r"allocation (\d+) queued: (.+) \(position 1 of 1 queued\)")
+    queued = term.expect(r"allocation (\d+) queued: (.+) \(position 1[,)]")
     job_id = int(queued[1])
     assert cluster.client.job(job_id).state == "queued"
     (release / "release").write_text("")  # the busy job ends: the allocation gets a node

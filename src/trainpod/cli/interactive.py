@@ -230,11 +230,15 @@ class EmbeddedAllocation:
                     pass  # the hold processes are still starting
             time.sleep(_POLL_S)
 
-    def _place(self, job: JobInfo) -> str:
-        queued = [j.id for j in self._client.jobs(include_ended=False) if j.state == "queued"]
-        if job.id not in queued:
+    @staticmethod
+    def _place(job: JobInfo) -> str:
+        """Its place in scheduling order and expected start, as the controller gives them."""
+        if job.queue_position is None:
             return ""
-        return f" (position {queued.index(job.id) + 1} of {len(queued)} queued)"
+        start = ""
+        if job.estimated_start is not None:
+            start = f", expected to start in {max(0.0, job.estimated_start - time.time()):.0f}s"
+        return f" (position {job.queue_position}{start})"
 
     def _shell(self, ctx: ShellContext) -> int:
         nodes = ctx.env.get("TRAINPOD_NODES", ctx.node)
