@@ -381,6 +381,32 @@ SAMPLES: list[tuple[ev.Event, dict[str, Any]]] = [
             bytes=0,
         ),
     ),
+    (
+        ev.AllocationReleased(job_id=3, reason="the shell exited with status 0"),
+        dict(kind="allocation_released", job_id=3, reason="the shell exited with status 0"),
+    ),
+    (
+        ev.AllocationExpired(job_id=3, reason="its --time 1 ran out"),
+        dict(kind="allocation_expired", job_id=3, reason="its --time 1 ran out"),
+    ),
+    (
+        ev.StepStarted(
+            job_id=3, attempt=1, step=2, nodes=(N0, N1), procs_per_node=2, command=("python",)
+        ),
+        dict(
+            kind="step_started",
+            job_id=3,
+            attempt=1,
+            step=2,
+            nodes=[N0, N1],
+            procs_per_node=2,
+            command=["python"],
+        ),
+    ),
+    (
+        ev.StepEnded(job_id=3, attempt=1, step=2, exit_code=3),
+        dict(kind="step_ended", job_id=3, attempt=1, step=2, exit_code=3),
+    ),
 ]
 
 # The same kinds in their other shapes: keys some producers write only sometimes.

@@ -103,7 +103,10 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     def facts() -> dict[str, Any]:
-        return node_facts(scratch, devices)
+        # "env": what every rank here gets from this node (its scratch dir, its devices as
+        # CUDA_VISIBLE_DEVICES or the simulated count, the sockets); `trainpod shell` and
+        # `trainpod run` give the same to a shell or a step (controller/allocations.py).
+        return {**node_facts(scratch, devices), "env": dict(node_env)}
 
     client = TrainpodClient(record.url, read_secret(paths.agent_token))
     paths.runtime_dir.mkdir(mode=0o700, exist_ok=True)

@@ -372,6 +372,55 @@ class LogChunk(_Model):
     job_ended: bool
 
 
+# -- interactive work: `trainpod alloc`, `trainpod shell`, `trainpod run` ------------------
+class AllocationLease(_Model):
+    """The reply to a lease renewal: the allocation stands while its CLI keeps renewing."""
+
+    job_id: int
+    state: JobState
+    reason: str
+    lease_s: float = Field(description="unrenewed for this long, the allocation is released")
+    renew_every_s: float = Field(description="how often the CLI should renew")
+    ends_in_s: float | None = Field(default=None, description="time left under --time")
+
+
+class ShellContext(_Model):
+    """What a shell on a node (and, for a job, in that job) needs: spawned by the CLI."""
+
+    node: str
+    job_id: int | None = None
+    env: dict[str, str] = Field(description="the variables a rank there gets (no RANK)")
+    cwd: str = Field(description="the node's scratch dir (the job's, for a job)")
+    devices: dict[str, Any] = Field(default_factory=dict, description="the node's devices")
+    simulated: bool = Field(default=False, description="CPU slots stand in for GPUs")
+    note: str = ""
+
+
+class StepRequest(_Model):
+    """``trainpod run CMD`` inside an allocation: CMD as ranks on its nodes."""
+
+    command: list[str] = Field(min_length=1)
+    procs_per_node: int | None = Field(
+        default=None, ge=1, le=256, description="None = the node's device count"
+    )
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+
+
+class StepPlan(_Model):
+    """One step of an allocation: a launch order per node, the torchrun contract set."""
+
+    job_id: int
+    step: int
+    nodes: list[str]
+    orders: dict[str, LaunchOrder]
+    note: str = ""
+
+
+class StepEnd(_Model):
+    exit_code: int
+
+
 # -- users and tokens -------------------------------------------------------------------------
 class TokenInfo(_Model):
     id: str

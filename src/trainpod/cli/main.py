@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from trainpod.cli import chaos, cluster, jobs, nodes, preempt, slurm, users
+from trainpod.cli import chaos, cluster, interactive, jobs, nodes, preempt, slurm, steps, users
 from trainpod.cli.render import err_console
 from trainpod.errors import Retryable, TrainpodError
 
@@ -27,7 +27,12 @@ app.command("health")(slurm.health)
 app.command(
     "alloc",
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
-)(slurm.alloc)
+)(interactive.alloc)  # Slurm: salloc (cli/slurm.py); embedded: hold processes and a shell
+app.command("shell")(interactive.shell_cmd)
+app.command(
+    "run",
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+)(steps.run)
 app.command(
     "submit",
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},

@@ -38,6 +38,10 @@ _PLAN = TypeAdapter(wire.LaunchPlan)
 _LOGS = TypeAdapter(wire.LogChunk)
 _EVENTS = TypeAdapter(list[wire.EventInfo])
 _ORDERS = TypeAdapter(wire.Orders)
+_LEASE = TypeAdapter(wire.AllocationLease)
+_SHELL = TypeAdapter(wire.ShellContext)
+_STEP = TypeAdapter(wire.StepPlan)
+_NONE = TypeAdapter(type(None))
 _WHOAMI = TypeAdapter(wire.Whoami)
 _USERS = TypeAdapter(list[wire.UserInfo])
 _ISSUED = TypeAdapter(wire.IssuedToken)
@@ -96,6 +100,8 @@ class TrainpodClient:
             ) from exc
         if resp.status_code >= 400:
             raise _error(resp)
+        if resp.status_code == 204:
+            return reply.validate_python(None)
         return reply.validate_json(resp.content)
 
     # -- cluster and nodes ------------------------------------------------------------------
@@ -153,6 +159,25 @@ class TrainpodClient:
     ) -> list[wire.EventInfo]:
         params = {"job": job_id, "node": node, "after": after, "limit": limit}
         return self._call("GET", "/v1/events", _EVENTS, params=params)
+
+    # -- interactive work: trainpod alloc / shell / run -------------------------------------
+    def renew_lease(self, job_id: int) -> wire.AllocationLease:
+        return self._call("POST", f"/v1/jobs/{job_id}/lease", _LEASE)
+
+    def release(self, job_id: int, reason: str) -> wire.JobInfo:
+        return self._call("POST", f"/v1/jobs/{job_id}/release", _JOB, params={"reason": reason})
+
+    def shell_context(
+        self, *, node: str | None = None, job_id: int | None = None
+    ) -> wire.ShellContext:
+        return self._call("GET", "/v1/shell", _SHELL, params={"node": node, "job": job_id})
+
+    def start_step(self, job_id: int, req: wire.StepRequest) -> wire.StepPlan:
+        return self._call("POST", f"/v1/jobs/{job_id}/steps", _STEP, body=req)
+
+    def end_step(self, job_id: int, step: int, exit_code: int) -> None:
+        end = wire.StepEnd(exit_code=exit_code)
+        self._call("POST", f"/v1/jobs/{job_id}/steps/{step}/end", _NONE, body=end)
 
     # -- users ------------------------------------------------------------------------------
     def whoami(self) -> wire.Whoami:

@@ -12,7 +12,9 @@ constructors (see docs/decisions/0011-composed-controller.md for the diagram):
 * :class:`~trainpod.controller.repair.NodeRepair` — replace or check, deep check, retire;
 * :class:`~trainpod.controller.external.Scheduling` — who places jobs (trainpod or Slurm),
   with the :class:`~trainpod.scheduler.base.Scheduler` it plans with;
-* :class:`~trainpod.controller.orders.OrderDesk` and :class:`~trainpod.controller.views.Views`.
+* :class:`~trainpod.controller.orders.OrderDesk` and :class:`~trainpod.controller.views.Views`;
+* :class:`~trainpod.controller.allocations.Allocations` — ``trainpod alloc``'s leases,
+  shells and ``trainpod run``'s steps.
 
 All public methods are thread-safe (one lock). Mutations bump a version and wake agents
 waiting in a heartbeat long poll, so orders reach agents at once rather than at the next
@@ -29,6 +31,7 @@ import uuid
 from collections.abc import Callable
 
 from trainpod.api.models import (
+    AllocationLease,
     ChaosOrder,
     ChaosRequest,
     EventInfo,
@@ -38,10 +41,14 @@ from trainpod.api.models import (
     NodeAction,
     NodeInfo,
     Orders,
+    ShellContext,
+    StepPlan,
+    StepRequest,
 )
 from trainpod.clock import Clock, SystemClock
 from trainpod.controller.access import Access, Action, Principal, owned_by
 from trainpod.controller.admission import Admission
+from trainpod.controller.allocations import Allocations
 from trainpod.controller.books import BeaconBook, ChaosBook
 from trainpod.controller.checkpoints import CheckpointEvents
 from trainpod.controller.config import ControllerConfig
@@ -143,6 +150,9 @@ class Controller:
         self.access = Access(store, self.clock, self._lock)
         self.planner = Planner(store, config, self.tx, self.scheduling, self.executor)
         self.operators = Operators(store, self.tx, self.scheduling, self.executor, self.repair)
+        self.allocations = Allocations(
+            store, config, self.tx, ports, leases=self.scheduling.leases_allocations
+        )
 
     # -- start-up -------------------------------------------------------------------------
     def bootstrap(self) -> None:
@@ -163,6 +173,7 @@ class Controller:
             restarted = self.store.get_meta("started_at") is not None
             self.store.set_meta("started_at", repr(now))
             self.store.touch_heartbeats(now)
+            self.allocations.adopt(now)
             self.store.append(now, ControllerStarted(restarted=restarted))
             self.access.seed(self.cfg.users)
             self.wake.bump()
@@ -194,6 +205,7 @@ class Controller:
                 ),
             )
             self.scheduling.submitted(job_id, resolved, now)
+            self.allocations.submitted(job_id, resolved, now)
             self.wake.bump()
         return job_id
 
@@ -227,6 +239,39 @@ class Controller:
                     self.executor.reconcile(attempt.id, now, {})
             self.wake.bump()
             return self.tx.job(job_id)
+
+    # -- interactive allocations (trainpod alloc, shell, run) -----------------------------
+    def renew_allocation(self, job_id: int) -> AllocationLease:
+        """The allocation's CLI is still there: renew its lease."""
+        with self._lock:
+            return self.allocations.renew(job_id, self.clock.now())
+
+    def release_allocation(self, job_id: int, reason: str) -> JobRow:
+        """The allocation's CLI gives it back (its shell exited): the job is cancelled."""
+        now = self.clock.now()
+        with self._lock, self.store.transaction():
+            job = self.allocations.release(job_id, reason, now)
+            return job if job.state.ended else self.cancel(job_id)
+
+    def shell_context(self, node: str | None, job_id: int | None) -> ShellContext:
+        with self._lock:
+            return self.allocations.shell(node, job_id)
+
+    def job_on(self, node: str) -> int | None:
+        """The job a node is held by now, if any (a node's shell is a shell in it)."""
+        with self._lock:
+            return self.tx.node(node).job_id
+
+    def start_step(self, job_id: int, req: StepRequest) -> StepPlan:
+        """``trainpod run`` inside an allocation: launch orders on its nodes, not queued."""
+        now = self.clock.now()
+        with self._lock, self.store.transaction():
+            return self.allocations.step(job_id, req, now)
+
+    def end_step(self, job_id: int, step: int, exit_code: int) -> None:
+        now = self.clock.now()
+        with self._lock, self.store.transaction():
+            self.allocations.step_ended(job_id, step, exit_code, now)
 
     def authorize(self, by: Principal, action: Action, job_id: int | None = None) -> None:
         """Return if ``by`` may do ``action`` (on the job); else record the refusal and
@@ -349,6 +394,8 @@ class Controller:
             self.watchdog.progress(now)
             self.repair.step(now)
             self.executor.retry_waiting(now)
+            for job_id in self.allocations.expired(now):
+                self.cancel(job_id)
             self._schedule(now)
 
     def _schedule(self, now: float) -> None:

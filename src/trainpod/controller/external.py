@@ -44,6 +44,9 @@ class Scheduling:
     checks_in_place = False
     #: trainpod stops a job that runs past its --time (an external scheduler does that itself)
     enforces_time_limits = True
+    #: `trainpod alloc` allocations are held by trainpod, leased to their CLI
+    #: (controller/allocations.py); under Slurm, salloc holds them
+    leases_allocations = True
 
     # -- submission -------------------------------------------------------------------------
     def check_spec(self, spec: JobSpec, part: str, members: int, spares: int) -> None:

@@ -88,6 +88,8 @@ class Watchdog:
         started = attempt.started_at
         if limit is None or started is None or not self.scheduling.enforces_time_limits:
             return False
+        if spec.interactive:
+            return False  # an allocation's --time ends its lease (controller/allocations.py)
         if now - started < limit:
             return False
         reason = f"time limit {spec.time_limit} reached (ran {now - started:.0f}s)"

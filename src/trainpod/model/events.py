@@ -741,6 +741,55 @@ class TokensRevoked(KnownEvent):
     by: str
 
 
+# Interactive allocations (controller/allocations.py) -------------------------------------
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class AllocationReleased(KnownEvent):
+    """The CLI of a ``trainpod alloc`` gave its allocation back (the shell exited, the
+    terminal closed, the CLI was stopped); the job is cancelled after this."""
+
+    kind = "allocation_released"
+    job_id: int
+    reason: str = ""
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class AllocationExpired(KnownEvent):
+    """An allocation ended by the controller: its CLI stopped renewing the lease (killed,
+    its host gone), or its ``--time`` ran out."""
+
+    kind = "allocation_expired"
+    job_id: int
+    reason: str = ""
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class StepStarted(KnownEvent):
+    """``trainpod run`` inside an allocation: a step's ranks on the allocation's nodes."""
+
+    kind = "step_started"
+    job_id: int
+    attempt: int | None
+    step: int
+    nodes: tuple[str, ...] = ()
+    procs_per_node: int = 1
+    command: tuple[str, ...] = ()
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class StepEnded(KnownEvent):
+    kind = "step_ended"
+    job_id: int
+    attempt: int | None
+    step: int
+    exit_code: int
+
+
 # -- reading ------------------------------------------------------------------------------
 def parse(row: EventLike) -> Event:
     """The typed event of a row of the log (an ``EventRow``, an ``EventInfo``, ...).

@@ -50,6 +50,7 @@ ORPHAN_GRACE_S = 10.0
 
 class SlurmScheduling(Scheduling):
     declares_nodes = False
+    leases_allocations = False  # salloc holds a `trainpod alloc` allocation
     checks_in_place = True
     enforces_time_limits = False  # Slurm's --time
 

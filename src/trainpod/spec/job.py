@@ -75,7 +75,9 @@ class JobSpec(BaseModel):
     dependency: str | None = Field(default=None, description="Slurm --dependency, verbatim")
     exclude: list[str] = Field(default_factory=list, description="Slurm nodes never to use")
     interactive: bool = Field(
-        default=False, description="Slurm: allocated by `trainpod alloc` (salloc), not sbatch"
+        default=False,
+        description="an allocation held by `trainpod alloc` (embedded: hold processes, its "
+        "shell and `trainpod run` steps; Slurm: salloc), not a batch job",
     )
 
     @field_validator("time_limit")
