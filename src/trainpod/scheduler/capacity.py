@@ -17,6 +17,7 @@ consumes, never every node.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ class Hole:
     deadline: float  # the claimant's expected start: a job using it must end by then
     count: int
     owner: int  # the queued job that claimed it
+    seq: int  # claims are numbered in the pass's order
 
 
 @dataclass
@@ -40,7 +42,9 @@ class Group:
     names: list[str] = field(default_factory=list)  # free nodes in spec order
     taken: int = 0  # names[:taken] were placed this pass
     free: int = 0  # free and unclaimed
-    holes: list[Hole] = field(default_factory=list)
+    holes: list[Hole] = field(default_factory=list)  # in the order they were claimed
+    hole_index: tuple[int, list[float], list[int]] | None = None
+    """(version, deadlines ascending, nodes in holes with that deadline or later)."""
     stopping: list[list[int]] = field(default_factory=list)  # [running job, nodes left]
     stopping_left: int = 0  # the sum of those
     future: list[list[float]] = field(default_factory=list)  # heap [time, seq, count, owner]
@@ -61,6 +65,8 @@ class Capacity:
         self.index: dict[str, int] = {}
         self._seq = 0
         self._sets: dict[frozenset[str], list[Group]] = {}
+        self._holes_version = 0  # bumped whenever holes change
+        self._claimants: dict[frozenset[str], tuple[int, int | None]] = {}
         self._entries: dict[int, list[tuple[Group, list[float]]]] = {}  # running job -> its
         self.dead: set[int] = set()  # running jobs whose nodes went to a preemptor
         self.relied_on: set[int] = set()  # running jobs whose release a reservation counts on
@@ -93,26 +99,50 @@ class Capacity:
         total = 0
         for g in self._ordered(groups):
             total += g.free
-            if end is not None:
-                total += sum(h.count for h in g.holes if h.deadline >= end)
+            if end is not None and g.holes:
+                total += self._holes_from(g, end)
         return total
 
     def stuck(self, groups: frozenset[str], n: int, end: float | None) -> bool:
         """Nothing in these groups can start, be claimed soon or get a known start for ``n``
         nodes: none free, none stopping, too few coming free at known times, and no holes
         this job could use. (Victims may still help.)"""
-        finite = 0
+        finite = usable = 0
         for g in self._ordered(groups):
-            if g.free or g.stopping_left or (g.holes and end is not None):
+            if g.free or g.stopping_left:
                 return False
             finite += g.finite
-        return finite < n
+            if g.holes and end is not None:
+                usable += self._holes_from(g, end)
+        return finite < n and usable < n
+
+    def _holes_from(self, g: Group, end: float) -> int:
+        """Nodes in ``g``'s holes whose deadline is ``end`` or later."""
+        index = g.hole_index
+        if index is None or index[0] != self._holes_version:
+            holes = sorted(g.holes, key=lambda h: h.deadline)
+            deadlines = [h.deadline for h in holes]
+            after = [0] * (len(holes) + 1)
+            for i in range(len(holes) - 1, -1, -1):
+                after[i] = after[i + 1] + holes[i].count
+            index = g.hole_index = (self._holes_version, deadlines, after)
+        return index[2][bisect.bisect_left(index[1], end)]
 
     def stopping_in(self, groups: frozenset[str]) -> int:
         return sum(g.stopping_left for g in self._ordered(groups))
 
-    def claimants(self, groups: frozenset[str]) -> list[int]:
-        return sorted({h.owner for g in self._ordered(groups) for h in g.holes})
+    def first_claimant(self, groups: frozenset[str]) -> int | None:
+        """The first job (in the pass's order) holding free nodes of these groups for its
+        reservation."""
+        cached = self._claimants.get(groups)
+        if cached is not None and cached[0] == self._holes_version:
+            return cached[1]
+        first = min(
+            ((h.seq, h.owner) for g in self._ordered(groups) for h in g.holes), default=None
+        )
+        out = None if first is None else first[1]
+        self._claimants[groups] = (self._holes_version, out)
+        return out
 
     # -- running jobs --------------------------------------------------------------------------
     def add_running(self, job: int, per_group: dict[str, int], end: float | None) -> None:
@@ -165,6 +195,7 @@ class Capacity:
                     if from_holes == left:
                         break
                 g.holes = [h for h in g.holes if h.count > 0]
+                self._holes_version += 1
             from_free = min(g.free, left - from_holes)
             g.free -= from_free
             take = from_holes + from_free
@@ -285,7 +316,9 @@ class Capacity:
         for g in gs:
             taken = free_taken.get(id(g), 0)
             if taken:
-                g.holes.append(Hole(deadline, taken, owner))
+                self._seq += 1
+                g.holes.append(Hole(deadline, taken, owner, self._seq))
+                self._holes_version += 1
             count = got.get(id(g), 0)
             if count and start != INF and duration is not None:
                 self._push(g, start + duration, count, NO_OWNER)

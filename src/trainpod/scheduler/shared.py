@@ -176,7 +176,7 @@ class Pass:
         return Outcome(tuple(self.out), min(future) if future else None)
 
     def hold(self, job: QueuedJob, pos: int, reason: str, start: float | None = None) -> None:
-        self.out.append(Hold(job.id, reason, position=pos, estimated_start=start))
+        self.out.append(Hold(job.id, reason, pos, start))
 
     def block(self, job: QueuedJob) -> None:
         if self.policy.backfill:
@@ -207,7 +207,7 @@ class Pass:
             if not victims.found:
                 # the common case deep in a long queue: the same answer as below, sooner
                 self.block(job)
-                self.hold(job, pos, refusal or self.no_nodes(job, 0))
+                self.hold(job, pos, refusal or self.wait_reason(job))
                 return
         if refusal is None and self.cap.usable(groups, end) >= n:
             nodes = self.cap.place(groups, n, end)
@@ -251,16 +251,19 @@ class Pass:
                 self.block(job)
             self.hold(job, pos, refusal)
             return
-        idle, free = self.cap.idle_in(groups), self.cap.free_in(groups)
-        claimants = self.cap.claimants(groups)
+        reason = self.wait_reason(job)
         r = self.cap.reserve(groups, n, job.time_limit_s, job.id)
         self.block(job)
-        if idle >= n and claimants:
-            first = self.jobs[min(claimants, key=self.pos_of.__getitem__)]
-            reason = f"behind job {first.id} ({label(first.priority, first.priority_class)})"
-        else:
-            reason = self.no_nodes(job, free)
         self.hold(job, pos, reason, r.start)
+
+    def wait_reason(self, job: QueuedJob) -> str:
+        """Why a job waits for nodes: nodes an earlier job has claimed, or too few idle."""
+        if self.cap.idle_in(job.groups) >= job.nodes:
+            claimant = self.cap.first_claimant(job.groups)
+            if claimant is not None:
+                first = self.jobs[claimant]
+                return f"behind job {first.id} ({label(first.priority, first.priority_class)})"
+        return self.no_nodes(job, self.cap.free_in(job.groups))
 
     def no_nodes(self, job: QueuedJob, free: int) -> str:
         key = (job.nodes, free, job.partition)
