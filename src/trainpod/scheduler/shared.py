@@ -207,7 +207,7 @@ class Pass:
             if not victims.found:
                 # the common case deep in a long queue: the same answer as below, sooner
                 self.block(job)
-                self.hold(job, pos, refusal or self.wait_reason(job))
+                self.hold(job, pos, refusal or self.wait_reason(job, free=0))
                 return
         if refusal is None and self.cap.usable(groups, end) >= n:
             nodes = self.cap.place(groups, n, end)
@@ -256,14 +256,15 @@ class Pass:
         self.block(job)
         self.hold(job, pos, reason, r.start)
 
-    def wait_reason(self, job: QueuedJob) -> str:
-        """Why a job waits for nodes: nodes an earlier job has claimed, or too few idle."""
+    def wait_reason(self, job: QueuedJob, free: int | None = None) -> str:
+        """Why a job waits for nodes: nodes an earlier job has claimed, or too few idle
+        (``free``: the unclaimed free nodes of its groups, where the caller knows them)."""
         if self.cap.idle_in(job.groups) >= job.nodes:
             claimant = self.cap.first_claimant(job.groups)
             if claimant is not None:
                 first = self.jobs[claimant]
                 return f"behind job {first.id} ({label(first.priority, first.priority_class)})"
-        return self.no_nodes(job, self.cap.free_in(job.groups))
+        return self.no_nodes(job, self.cap.free_in(job.groups) if free is None else free)
 
     def no_nodes(self, job: QueuedJob, free: int) -> str:
         key = (job.nodes, free, job.partition)
