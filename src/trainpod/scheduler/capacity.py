@@ -65,6 +65,7 @@ class Capacity:
         self.index: dict[str, int] = {}
         self._seq = 0
         self._sets: dict[frozenset[str], list[Group]] = {}
+        self._idle: dict[frozenset[str], int] = {}  # until the next placement
         self._holes_version = 0  # bumped whenever holes change
         self._claimants: dict[frozenset[str], tuple[int, int | None]] = {}
         self._entries: dict[int, list[tuple[Group, list[float]]]] = {}  # running job -> its
@@ -92,7 +93,10 @@ class Capacity:
 
     def idle_in(self, groups: frozenset[str]) -> int:
         """Free nodes not yet placed, claimed or not."""
-        return sum(len(g.names) - g.taken for g in self._ordered(groups))
+        idle = self._idle.get(groups)
+        if idle is None:
+            idle = self._idle[groups] = sum(len(g.names) - g.taken for g in self._ordered(groups))
+        return idle
 
     def usable(self, groups: frozenset[str], end: float | None) -> int:
         """Nodes a job ending at ``end`` (None: unknown) could start on now."""
@@ -181,6 +185,7 @@ class Capacity:
         checked :meth:`usable`."""
         chosen: list[str] = []
         left = n
+        self._idle.clear()
         for g in self._ordered(groups):
             if left == 0:
                 break

@@ -94,6 +94,15 @@ class Victims:
 NONE = Victims([], found=False)
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A running job that might be preempted for jobs of some node groups."""
+
+    job: RunningJob
+    useful: int  # its nodes in those groups
+    protected: bool  # inside its minimum run time
+
+
 @dataclass
 class Pass:
     policy: SharingPolicy
@@ -139,7 +148,11 @@ class Pass:
         self.pos_of: dict[int, int] = {}
         self._no_nodes: dict[tuple[int, int, str], str] = {}
         self.blocked: dict[str, int] = {}  # without backfill: group -> first job waiting
-        self.near: dict[frozenset[str], list[RunningJob]] = {}
+        self.waiting_on_min_run: dict[
+            tuple[frozenset[str], str, str, int, int], list[Candidate]
+        ] = {}
+        """Job shape -> the protected victim set found for it (see :meth:`victims`)."""
+        self.near: dict[frozenset[str], list[Candidate]] = {}
         """Groups -> the candidates holding nodes in them, in candidate order."""
         self.no_victims: dict[tuple[frozenset[str], str, str], list[tuple[int, int]]] = {}
         """(groups, team, partition) -> (priority, nodes) no victim set was found for. The
@@ -309,83 +322,117 @@ class Pass:
                 return NONE
         near = self.near.get(job.groups)
         if near is None:
-            near = [
-                c for c in self.candidates if not self.in_groups[c.id].keys().isdisjoint(job.groups)
-            ]
+            near = []
+            for c in self.candidates:
+                per = self.in_groups[c.id]
+                useful = sum(per[g] for g in job.groups if g in per)
+                if useful:
+                    near.append(Candidate(c, useful, self.protected(c)))
             self.near[job.groups] = near
         base = self.cap.free_in(job.groups) + self.cap.stopping_in(job.groups)
-        chosen = self.select(job, self.eligible(job, near), base, protected_ok=False)
+        shape = (job.groups, job.team, job.partition, job.priority, job.nodes)
+        waited = self.waiting_on_min_run.get(shape)
+        if waited is not None and self.still_valid(job, waited, base):
+            # no unprotected set was found for this shape earlier in the pass, and the pass
+            # only makes victims scarcer: the same protected ones are still what it waits for
+            return self.guarded(waited)
+        seen: list[Candidate] = []
+        chosen = self.select(job, self.eligible(job, near, seen), base, protected_ok=False)
         if chosen is not None:
             return Victims(chosen)
-        if self.policy.min_run_s > 0:
-            chosen = self.select(job, self.eligible(job, near), base, protected_ok=True)
-            if chosen is not None:
-                guarded = [v for v in chosen if self.protected(v)]
-                unstarted = [v.id for v in guarded if v.started_at is None]
-                if unstarted:
-                    return Victims(guarded, unstarted=unstarted[0])
-                until = max((v.started_at or 0.0) + self.policy.min_run_s for v in guarded)
-                return Victims(guarded, protected_until=until)
+        if self.policy.min_run_s > 0 and base + sum(c.useful for c in seen) >= job.nodes:
+            picked = self.select_candidates(job, seen, base, protected_ok=True)
+            if picked is not None:
+                self.waiting_on_min_run[shape] = picked
+                return self.guarded(picked)
         failed[:] = [(p, n) for p, n in failed if not (p <= job.priority and n >= job.nodes)]
         failed.append((job.priority, job.nodes))
         return NONE
 
-    def eligible(self, job: QueuedJob, near: list[RunningJob]) -> Iterator[RunningJob]:
-        """The running jobs ``job`` may preempt, best victim first: lower-priority ones (of
-        its own team or, with teams, of teams that borrow; of anyone without teams), and for
-        a job within its team's quota, any work of teams that borrow (reclaim)."""
+    def eligible(
+        self, job: QueuedJob, near: list[Candidate], seen: list[Candidate]
+    ) -> Iterator[Candidate]:
+        """The running jobs ``job`` may preempt, best victim first (each also added to
+        ``seen``): lower-priority ones (of its own team or, with teams, of teams that
+        borrow; of anyone without teams), and for a job within its team's quota, any work of
+        teams that borrow (reclaim)."""
         q = self.quotas
         active = q.active
         within = q.within(job.team, job.partition, job.nodes)
         dead, relied = self.cap.dead, self.cap.relied_on
-        for c in near:
+        for cand in near:
+            c = cand.job
             lower = c.priority < job.priority
             if not lower and not within:
                 return  # sorted by priority: no later one is lower either
             if c.id in dead or c.id in relied:
                 continue
             if active and c.team != job.team:
-                if q.borrowing(c.team, c.partition):
-                    yield c
-            elif lower:
-                yield c
+                if not q.borrowing(c.team, c.partition):
+                    continue
+            elif not lower:
+                continue
+            seen.append(cand)
+            yield cand
+
+    def guarded(self, chosen: list[Candidate]) -> Victims:
+        """The victims inside their minimum run time, and when the last of them leaves it."""
+        guarded = [v.job for v in chosen if v.protected]
+        unstarted = [v.id for v in guarded if v.started_at is None]
+        if unstarted:
+            return Victims(guarded, unstarted=unstarted[0])
+        until = max((v.started_at or 0.0) + self.policy.min_run_s for v in guarded)
+        return Victims(guarded, protected_until=until)
+
+    def still_valid(self, job: QueuedJob, chosen: list[Candidate], base: int) -> bool:
+        q, dead, relied = self.quotas, self.cap.dead, self.cap.relied_on
+        for v in chosen:
+            c = v.job
+            if c.id in dead or c.id in relied:
+                return False
+            if q.active and c.team != job.team and not q.borrowing(c.team, c.partition):
+                return False
+        return self.feasible(job, chosen, base)
 
     def select(
-        self, job: QueuedJob, cands: Iterable[RunningJob], base: int, protected_ok: bool
+        self, job: QueuedJob, cands: Iterable[Candidate], base: int, protected_ok: bool
     ) -> list[RunningJob] | None:
         """The fewest victims, in candidate order, that let ``job`` start (None: none do)."""
+        chosen = self.select_candidates(job, cands, base, protected_ok)
+        return None if chosen is None else [v.job for v in chosen]
+
+    def select_candidates(
+        self, job: QueuedJob, cands: Iterable[Candidate], base: int, protected_ok: bool
+    ) -> list[Candidate] | None:
         q = self.quotas
-        chosen: list[RunningJob] = []
+        chosen: list[Candidate] = []
         minus: Counter[Key] = Counter(self.stopping_use)
         got = base
-        for c in cands:
-            if not protected_ok and self.protected(c):
+        for cand in cands:
+            if cand.protected and not protected_ok:
                 continue
+            c = cand.job
             if q.active and c.team != job.team and not q.borrowing(c.team, c.partition, minus):
                 continue
-            chosen.append(c)
+            chosen.append(cand)
             minus[(c.team, c.partition)] += len(c.nodes)
-            got += self.useful(c, job)
-            if got >= job.nodes and self.feasible(job, chosen, base):
+            got += cand.useful
+            if got >= job.nodes and q.refusal(job.team, job.partition, job.nodes, minus) is None:
                 break
         else:
             return None
-        for c in reversed(list(chosen)):
-            trial = [v for v in chosen if v is not c]
+        for cand in reversed(list(chosen)):
+            trial = [v for v in chosen if v is not cand]
             if self.feasible(job, trial, base):
                 chosen = trial
         return chosen
 
-    def useful(self, victim: RunningJob, job: QueuedJob) -> int:
-        per = self.in_groups[victim.id]
-        return sum(per[g] for g in job.groups if g in per)
-
-    def feasible(self, job: QueuedJob, victims: list[RunningJob], base: int) -> bool:
-        if base + sum(self.useful(v, job) for v in victims) < job.nodes:
+    def feasible(self, job: QueuedJob, victims: list[Candidate], base: int) -> bool:
+        if base + sum(v.useful for v in victims) < job.nodes:
             return False
         minus: Counter[Key] = Counter(self.stopping_use)
         for v in victims:
-            minus[(v.team, v.partition)] += len(v.nodes)
+            minus[(v.job.team, v.job.partition)] += len(v.job.nodes)
         return self.quotas.refusal(job.team, job.partition, job.nodes, minus) is None
 
     def preempt(self, job: QueuedJob, victims: list[RunningJob]) -> None:
