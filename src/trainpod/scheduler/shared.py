@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from trainpod.scheduler import fairshare
@@ -44,6 +43,7 @@ from trainpod.scheduler.base import (
 from trainpod.scheduler.capacity import Capacity
 from trainpod.scheduler.policy import SharingPolicy
 from trainpod.scheduler.quota import Key, Quotas
+from trainpod.scheduler.victims import Victims, VictimSearch
 
 
 def clock(t: float) -> str:
@@ -84,26 +84,6 @@ class SharedScheduler(Scheduler):
 
 
 @dataclass
-class Victims:
-    jobs: list[RunningJob]
-    protected_until: float | None = None  # set when they are inside their minimum run time
-    unstarted: int | None = None  # a needed victim that has not started yet
-    found: bool = True
-
-
-NONE = Victims([], found=False)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A running job that might be preempted for jobs of some node groups."""
-
-    job: RunningJob
-    useful: int  # its nodes in those groups
-    protected: bool  # inside its minimum run time
-
-
-@dataclass
 class Pass:
     policy: SharingPolicy
     snap: Snapshot
@@ -140,24 +120,19 @@ class Pass:
             {p: sum(usable[g] for g in groups) for p, groups in parts.items()},
             ((q.team, q.partition, q.nodes) for q in snap.queue),
         )
-        self.candidates = sorted(
-            (r for r in snap.running if r.preemptible and not r.stopping),
-            key=lambda r: (r.priority, self.lost_work(r), r.id),
-        )
         self.jobs = {q.id: q for q in snap.queue}
         self.pos_of: dict[int, int] = {}
         self._no_nodes: dict[tuple[int, int, str], str] = {}
         self.blocked: dict[str, int] = {}  # without backfill: group -> first job waiting
-        self.waiting_on_min_run: dict[
-            tuple[frozenset[str], str, str, int, int], list[Candidate]
-        ] = {}
-        """Job shape -> the protected victim set found for it (see :meth:`victims`)."""
-        self.near: dict[frozenset[str], list[Candidate]] = {}
-        """Groups -> the candidates holding nodes in them, in candidate order."""
-        self.no_victims: dict[tuple[frozenset[str], str, str], list[tuple[int, int]]] = {}
-        """(groups, team, partition) -> (priority, nodes) no victim set was found for. The
-        pass only makes victims scarcer, and a lower priority or a larger job has fewer
-        candidates and needs more, so such a job finds none either."""
+        self.search = VictimSearch(
+            snap.running,
+            self.in_groups,
+            now,
+            self.policy.min_run_s,
+            self.cap,
+            self.quotas,
+            self.stopping_use,
+        )
 
     # -- facts about running jobs --------------------------------------------------------------
     def expected_end(self, r: RunningJob) -> float | None:
@@ -165,15 +140,6 @@ class Pass:
             return None
         start = self.now if r.started_at is None else r.started_at
         return max(self.now, start + r.time_limit_s)
-
-    def lost_work(self, r: RunningJob) -> float:
-        since = r.last_checkpoint_at if r.last_checkpoint_at is not None else r.started_at
-        return 0.0 if since is None else max(0.0, self.now - since)
-
-    def protected(self, r: RunningJob) -> bool:
-        if self.policy.min_run_s <= 0:
-            return False
-        return r.started_at is None or self.now - r.started_at < self.policy.min_run_s
 
     # -- the walk ------------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -216,7 +182,7 @@ class Pass:
         refusal = self.quotas.refusal(job.team, job.partition, n)
         victims: Victims | None = None
         if self.cap.stuck(groups, n, end):
-            victims = self.victims(job)
+            victims = self.search.find(job)
             if not victims.found:
                 # the common case deep in a long queue: the same answer as below, sooner
                 self.block(job)
@@ -239,7 +205,7 @@ class Pass:
                 self.hold(job, pos, f"{waiting_for(waits)} (its nodes are reserved for this job)")
                 return
         if victims is None:
-            victims = self.victims(job)
+            victims = self.search.find(job)
         if victims.found and victims.protected_until is None and victims.unstarted is None:
             self.preempt(job, victims.jobs)
             self.block(job)
@@ -312,129 +278,6 @@ class Pass:
         return ""
 
     # -- preemption ----------------------------------------------------------------------------
-    def victims(self, job: QueuedJob) -> Victims:
-        key = (job.groups, job.team, job.partition)
-        failed = self.no_victims.setdefault(key, [])
-        if not self.candidates:
-            return NONE
-        for p, n in failed:
-            if job.priority <= p and job.nodes >= n:
-                return NONE
-        near = self.near.get(job.groups)
-        if near is None:
-            near = []
-            for c in self.candidates:
-                per = self.in_groups[c.id]
-                useful = sum(per[g] for g in job.groups if g in per)
-                if useful:
-                    near.append(Candidate(c, useful, self.protected(c)))
-            self.near[job.groups] = near
-        base = self.cap.free_in(job.groups) + self.cap.stopping_in(job.groups)
-        shape = (job.groups, job.team, job.partition, job.priority, job.nodes)
-        waited = self.waiting_on_min_run.get(shape)
-        if waited is not None and self.still_valid(job, waited, base):
-            # no unprotected set was found for this shape earlier in the pass, and the pass
-            # only makes victims scarcer: the same protected ones are still what it waits for
-            return self.guarded(waited)
-        seen: list[Candidate] = []
-        chosen = self.select(job, self.eligible(job, near, seen), base, protected_ok=False)
-        if chosen is not None:
-            return Victims(chosen)
-        if self.policy.min_run_s > 0 and base + sum(c.useful for c in seen) >= job.nodes:
-            picked = self.select_candidates(job, seen, base, protected_ok=True)
-            if picked is not None:
-                self.waiting_on_min_run[shape] = picked
-                return self.guarded(picked)
-        failed[:] = [(p, n) for p, n in failed if not (p <= job.priority and n >= job.nodes)]
-        failed.append((job.priority, job.nodes))
-        return NONE
-
-    def eligible(
-        self, job: QueuedJob, near: list[Candidate], seen: list[Candidate]
-    ) -> Iterator[Candidate]:
-        """The running jobs ``job`` may preempt, best victim first (each also added to
-        ``seen``): lower-priority ones (of its own team or, with teams, of teams that
-        borrow; of anyone without teams), and for a job within its team's quota, any work of
-        teams that borrow (reclaim)."""
-        q = self.quotas
-        active = q.active
-        within = q.within(job.team, job.partition, job.nodes)
-        dead, relied = self.cap.dead, self.cap.relied_on
-        for cand in near:
-            c = cand.job
-            lower = c.priority < job.priority
-            if not lower and not within:
-                return  # sorted by priority: no later one is lower either
-            if c.id in dead or c.id in relied:
-                continue
-            if active and c.team != job.team:
-                if not q.borrowing(c.team, c.partition):
-                    continue
-            elif not lower:
-                continue
-            seen.append(cand)
-            yield cand
-
-    def guarded(self, chosen: list[Candidate]) -> Victims:
-        """The victims inside their minimum run time, and when the last of them leaves it."""
-        guarded = [v.job for v in chosen if v.protected]
-        unstarted = [v.id for v in guarded if v.started_at is None]
-        if unstarted:
-            return Victims(guarded, unstarted=unstarted[0])
-        until = max((v.started_at or 0.0) + self.policy.min_run_s for v in guarded)
-        return Victims(guarded, protected_until=until)
-
-    def still_valid(self, job: QueuedJob, chosen: list[Candidate], base: int) -> bool:
-        q, dead, relied = self.quotas, self.cap.dead, self.cap.relied_on
-        for v in chosen:
-            c = v.job
-            if c.id in dead or c.id in relied:
-                return False
-            if q.active and c.team != job.team and not q.borrowing(c.team, c.partition):
-                return False
-        return self.feasible(job, chosen, base)
-
-    def select(
-        self, job: QueuedJob, cands: Iterable[Candidate], base: int, protected_ok: bool
-    ) -> list[RunningJob] | None:
-        """The fewest victims, in candidate order, that let ``job`` start (None: none do)."""
-        chosen = self.select_candidates(job, cands, base, protected_ok)
-        return None if chosen is None else [v.job for v in chosen]
-
-    def select_candidates(
-        self, job: QueuedJob, cands: Iterable[Candidate], base: int, protected_ok: bool
-    ) -> list[Candidate] | None:
-        q = self.quotas
-        chosen: list[Candidate] = []
-        minus: Counter[Key] = Counter(self.stopping_use)
-        got = base
-        for cand in cands:
-            if cand.protected and not protected_ok:
-                continue
-            c = cand.job
-            if q.active and c.team != job.team and not q.borrowing(c.team, c.partition, minus):
-                continue
-            chosen.append(cand)
-            minus[(c.team, c.partition)] += len(c.nodes)
-            got += cand.useful
-            if got >= job.nodes and q.refusal(job.team, job.partition, job.nodes, minus) is None:
-                break
-        else:
-            return None
-        for cand in reversed(list(chosen)):
-            trial = [v for v in chosen if v is not cand]
-            if self.feasible(job, trial, base):
-                chosen = trial
-        return chosen
-
-    def feasible(self, job: QueuedJob, victims: list[Candidate], base: int) -> bool:
-        if base + sum(v.useful for v in victims) < job.nodes:
-            return False
-        minus: Counter[Key] = Counter(self.stopping_use)
-        for v in victims:
-            minus[(v.job.team, v.job.partition)] += len(v.job.nodes)
-        return self.quotas.refusal(job.team, job.partition, job.nodes, minus) is None
-
     def preempt(self, job: QueuedJob, victims: list[RunningJob]) -> None:
         self.cap.claim_victims(
             job.groups, job.nodes, {v.id: dict(self.in_groups[v.id]) for v in victims}
