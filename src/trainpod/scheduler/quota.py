@@ -9,6 +9,7 @@ ended, stopping ones included.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from trainpod.scheduler.policy import SharingPolicy
@@ -29,17 +30,16 @@ class Quotas:
         own queued jobs ask for (those that fit in it) is not idle, so it is not lent: a
         borrower does not take nodes that their owner waits for and would only reclaim."""
         self.teams = {t.name: t for t in policy.teams}
+        self.active = bool(self.teams)  # no teams: no quotas
         self.used: dict[str, dict[str, int]] = {}  # partition -> team -> nodes
         for team, part, nodes in held:
             per = self.used.setdefault(part, {})
             per[team] = per.get(team, 0) + nodes
         self.wanted: dict[Key, int] = {}
-        teams = self.teams
-        for team, part, nodes in wanted:
-            t = teams.get(team)
-            if t is not None and nodes <= t.quota.get(part, 0):  # one that must borrow: no
+        for (team, part, nodes), jobs in Counter(wanted).items():
+            if nodes <= self.quota(team, part):  # a job that must borrow reserves no quota
                 key = (team, part)
-                self.wanted[key] = self.wanted.get(key, 0) + nodes
+                self.wanted[key] = self.wanted.get(key, 0) + nodes * jobs
         self._refusals: dict[tuple[str, str, int], str | None] = {}
         self._borrowing: dict[Key, bool] = {}
         """(team, partition, nodes) -> refusal with nothing given back, until usage changes."""
@@ -47,10 +47,6 @@ class Quotas:
             part: max(0, cap - sum(t.quota_in(part) for t in policy.teams))
             for part, cap in capacity.items()
         }
-
-    @property
-    def active(self) -> bool:
-        return bool(self.teams)
 
     def quota(self, team: str, part: str) -> int:
         t = self.teams.get(team)

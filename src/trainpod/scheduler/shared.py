@@ -185,7 +185,8 @@ class Pass:
             victims = self.search.find(job)
             if not victims.found:
                 # the common case deep in a long queue: the same answer as below, sooner
-                self.block(job)
+                if not self.policy.backfill:
+                    self.block(job)
                 self.hold(job, pos, refusal or self.wait_reason(job, free=0))
                 return
         if refusal is None and self.cap.usable(groups, end) >= n:
