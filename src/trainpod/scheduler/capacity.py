@@ -65,6 +65,7 @@ class Capacity:
         self.index: dict[str, int] = {}
         self._seq = 0
         self._sets: dict[frozenset[str], list[Group]] = {}
+        self.version = 0  # bumped by every change a decision makes
         self._idle: dict[frozenset[str], int] = {}  # until the next placement
         self._holes_version = 0  # bumped whenever holes change
         self._claimants: dict[frozenset[str], tuple[int, int | None]] = {}
@@ -173,6 +174,7 @@ class Capacity:
 
     def kill(self, job: int) -> None:
         """A running job's nodes went to a preemptor: its release is no one else's."""
+        self.version += 1
         self.dead.add(job)
         for g, entry in self._entries.pop(job, []):
             if entry[0] != INF:
@@ -185,6 +187,7 @@ class Capacity:
         checked :meth:`usable`."""
         chosen: list[str] = []
         left = n
+        self.version += 1
         self._idle.clear()
         for g in self._ordered(groups):
             if left == 0:
@@ -219,6 +222,7 @@ class Capacity:
         gs = self._ordered(groups)
         if sum(g.free + g.stopping_left for g in gs) < n:
             return None
+        self.version += 1
         left = n
         for g in gs:
             use = min(g.free, left)
@@ -241,6 +245,7 @@ class Capacity:
         self, groups: frozenset[str], n: int, victims: dict[int, dict[str, int]]
     ) -> None:
         """A preemptor claims free and stopping nodes, then its victims' nodes."""
+        self.version += 1
         gs = self._ordered(groups)
         left = n
         for g in gs:
@@ -266,6 +271,7 @@ class Capacity:
     ) -> Reservation:
         """Reserve the earliest nodes to come free for a job that cannot start now; free
         nodes it takes become holes until its start (or ``hold_until`` if sooner)."""
+        self.version += 1
         gs = self._ordered(groups)
         got: dict[int, int] = {}  # id(group) -> nodes
         start = self.now

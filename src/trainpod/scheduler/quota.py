@@ -31,6 +31,7 @@ class Quotas:
         borrower does not take nodes that their owner waits for and would only reclaim."""
         self.teams = {t.name: t for t in policy.teams}
         self.active = bool(self.teams)  # no teams: no quotas
+        self.version = 0  # bumped by every change
         self.used: dict[str, dict[str, int]] = {}  # partition -> team -> nodes
         for team, part, nodes in held:
             per = self.used.setdefault(part, {})
@@ -58,6 +59,7 @@ class Quotas:
 
     def add(self, team: str, part: str, nodes: int) -> None:
         """A queued job of the team starts: its nodes move from wanted to used."""
+        self.version += 1
         self._refusals.clear()
         self._borrowing.clear()
         key = (team, part)

@@ -121,6 +121,10 @@ class Pass:
             ((q.team, q.partition, q.nodes) for q in snap.queue),
         )
         self.jobs = {q.id: q for q in snap.queue}
+        self.settled: dict[tuple[object, ...], tuple[int, int, str]] = {}
+        """Job shape -> (capacity version, quota version, reason) of a job that could do
+        nothing but wait; a job of the same shape gets the same answer while neither has
+        changed (with backfill, where a waiting job does not hold later ones back)."""
         self.pos_of: dict[int, int] = {}
         self._no_nodes: dict[tuple[int, int, str], str] = {}
         self.blocked: dict[str, int] = {}  # without backfill: group -> first job waiting
@@ -178,6 +182,11 @@ class Pass:
                 behind = f"behind job {first.id} ({label(first.priority, first.priority_class)})"
                 self.hold(job, pos, behind, r.start)
                 return
+        shape = (groups, job.team, job.partition, job.priority, n, job.time_limit_s)
+        settled = self.settled.get(shape)
+        if settled is not None and settled[:2] == (self.cap.version, self.quotas.version):
+            self.out.append(Hold(job.id, settled[2], pos, None))
+            return
         end = None if job.time_limit_s is None else self.now + job.time_limit_s
         refusal = self.quotas.refusal(job.team, job.partition, n)
         victims: Victims | None = None
@@ -185,9 +194,12 @@ class Pass:
             victims = self.search.find(job)
             if not victims.found:
                 # the common case deep in a long queue: the same answer as below, sooner
-                if not self.policy.backfill:
+                reason = refusal or self.wait_reason(job, free=0)
+                if self.policy.backfill:
+                    self.settled[shape] = (self.cap.version, self.quotas.version, reason)
+                else:
                     self.block(job)
-                self.hold(job, pos, refusal or self.wait_reason(job, free=0))
+                self.hold(job, pos, reason)
                 return
         if refusal is None and self.cap.usable(groups, end) >= n:
             nodes = self.cap.place(groups, n, end)
