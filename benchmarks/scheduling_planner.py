@@ -79,9 +79,9 @@ def cluster(rng: random.Random, nodes: int) -> tuple[list[NodeSlot], list[Runnin
     while len(busy) < target:
         part = rng.choice(("gpu", "gpu", "big"))
         pool = [n for g in sorted(PARTITIONS[part]) for n in by_group[g] if n not in busy]
+        if not pool:
+            continue  # that partition is full; the other still has room
         size = min(int(pick(rng, SIZES)[0]), len(pool), target - len(busy))
-        if size <= 0:
-            break
         start = rng.randrange(len(pool) - size + 1)
         held = tuple(pool[start : start + size])
         busy.update(held)

@@ -292,6 +292,15 @@ def test_the_minimum_run_time_protects_a_job_and_the_scheduler_wakes_when_it_end
     assert by_kind(sched.plan(later))["preempt"] == {1: "preempted for job 2 (priority high)"}
 
 
+def test_a_protected_victim_is_promised_to_the_first_job_waiting_for_it() -> None:
+    policy = SharingPolicy(min_run_s=600.0)
+    run = [running(1, ["gpu-0", "gpu-1", "gpu-2", "gpu-3"], priority=LOW, started=1000.0)]
+    queue = [queued(2, 4, priority=HIGH, at=1.0), queued(3, 2, priority=HIGH, at=2.0)]
+    h = holds(SharedScheduler(policy).plan(snapshot(1100.0, queue, run)))
+    assert h[2].reason == "waiting for job 1's minimum run time (until 00:26:40 UTC)"
+    assert h[3].reason == "waiting for nodes: needs 2, 0 idle in partition gpu"
+
+
 def test_no_double_preemption_while_victims_are_stopping_and_their_nodes_are_kept() -> None:
     run = [
         running(1, ["gpu-0", "gpu-1"], priority=LOW),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from trainpod.scheduler.base import NodeSlot
@@ -71,7 +71,9 @@ class Capacity:
         self._claimants: dict[frozenset[str], tuple[int, int | None]] = {}
         self._entries: dict[int, list[tuple[Group, list[float]]]] = {}  # running job -> its
         self.dead: set[int] = set()  # running jobs whose nodes went to a preemptor
-        self.relied_on: set[int] = set()  # running jobs whose release a reservation counts on
+        self.relied_on: set[int] = set()
+        """Running jobs whose release a reservation counts on, or that a waiting job will
+        preempt: not victims for anyone else."""
         for i, n in enumerate(nodes):
             self.index[n.name] = i
             g = self.groups.get(n.group)
@@ -171,6 +173,11 @@ class Capacity:
             g.finite += count
         if owner != NO_OWNER:
             self._entries.setdefault(owner, []).append((g, entry))
+
+    def promise(self, jobs: Iterable[int]) -> None:
+        """Running jobs a waiting job will preempt later: no one else counts on them."""
+        self.version += 1
+        self.relied_on.update(jobs)
 
     def kill(self, job: int) -> None:
         """A running job's nodes went to a preemptor: its release is no one else's."""

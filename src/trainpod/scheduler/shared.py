@@ -226,7 +226,9 @@ class Pass:
             self.hold(job, pos, f"{waiting_for(ids)} (preempted for this job)")
             return
         if victims.found:
+            # it will preempt them once it may: no later job counts on them meanwhile
             self.block(job)
+            self.cap.promise([v.id for v in victims.jobs])
             until = victims.protected_until
             r = self.cap.reserve(groups, n, job.time_limit_s, job.id, hold_until=until)
             if until is None:
@@ -234,8 +236,8 @@ class Pass:
                 self.hold(job, pos, reason, r.start)
                 return
             self.wakes.add(until)
-            named = max(victims.jobs, key=lambda v: (v.started_at or 0.0, v.id))
-            reason = f"waiting for job {named.id}'s minimum run time (until {clock(until)})"
+            named = victims.last_protected
+            reason = f"waiting for job {named}'s minimum run time (until {clock(until)})"
             self.hold(job, pos, reason, until + self.policy.grace_s)
             return
         if refusal is not None:

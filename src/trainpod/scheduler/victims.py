@@ -33,6 +33,7 @@ class Victims:
     jobs: list[RunningJob]
     protected_until: float | None = None  # set when they are inside their minimum run time
     unstarted: int | None = None  # a needed victim that has not started yet
+    last_protected: int | None = None  # the one that leaves its minimum run time last
     found: bool = True
 
 
@@ -73,10 +74,6 @@ class VictimSearch:
         """Groups -> the candidates holding nodes in them, in candidate order."""
         self.no_victims: dict[tuple[frozenset[str], str, str], list[tuple[int, int]]] = {}
         """(groups, team, partition) -> (priority, nodes) no victim set was found for."""
-        self.waiting_on_min_run: dict[
-            tuple[frozenset[str], str, str, int, int], list[Candidate]
-        ] = {}
-        """Job shape -> the protected victim set found for it."""
 
     def lost_work(self, r: RunningJob) -> float:
         since = r.last_checkpoint_at if r.last_checkpoint_at is not None else r.started_at
@@ -106,12 +103,6 @@ class VictimSearch:
                     near.append(Candidate(c, useful, self.protected(c)))
             self.near[job.groups] = near
         base = self.cap.free_in(job.groups) + self.cap.stopping_in(job.groups)
-        shape = (job.groups, job.team, job.partition, job.priority, job.nodes)
-        waited = self.waiting_on_min_run.get(shape)
-        if waited is not None and self.still_valid(job, waited, base):
-            # no unprotected set was found for this shape earlier in the pass, and the pass
-            # only makes victims scarcer: the same protected ones are still what it waits for
-            return self.guarded(waited)
         seen: list[Candidate] = []
         chosen = self.select(job, self.eligible(job, near, seen), base, protected_ok=False)
         if chosen is not None:
@@ -119,7 +110,6 @@ class VictimSearch:
         if self.min_run_s > 0 and base + sum(c.useful for c in seen) >= job.nodes:
             picked = self.select_candidates(job, seen, base, protected_ok=True)
             if picked is not None:
-                self.waiting_on_min_run[shape] = picked
                 return self.guarded(picked)
         failed[:] = [(p, n) for p, n in failed if not (p <= job.priority and n >= job.nodes)]
         failed.append((job.priority, job.nodes))
@@ -152,23 +142,16 @@ class VictimSearch:
             yield cand
 
     def guarded(self, chosen: list[Candidate]) -> Victims:
-        """The victims inside their minimum run time, and when the last of them leaves it."""
+        """A victim set that waits for its members' minimum run time: when the last of them
+        leaves it, and which one that is."""
         guarded = [v.job for v in chosen if v.protected]
+        jobs = [v.job for v in chosen]
         unstarted = [v.id for v in guarded if v.started_at is None]
         if unstarted:
-            return Victims(guarded, unstarted=unstarted[0])
-        until = max((v.started_at or 0.0) + self.min_run_s for v in guarded)
-        return Victims(guarded, protected_until=until)
-
-    def still_valid(self, job: QueuedJob, chosen: list[Candidate], base: int) -> bool:
-        q, dead, relied = self.quotas, self.cap.dead, self.cap.relied_on
-        for v in chosen:
-            c = v.job
-            if c.id in dead or c.id in relied:
-                return False
-            if q.active and c.team != job.team and not q.borrowing(c.team, c.partition):
-                return False
-        return self.feasible(job, chosen, base)
+            return Victims(jobs, unstarted=unstarted[0])
+        last = max(guarded, key=lambda v: ((v.started_at or 0.0), v.id))
+        until = (last.started_at or 0.0) + self.min_run_s
+        return Victims(jobs, protected_until=until, last_protected=last.id)
 
     def select(
         self, job: QueuedJob, cands: Iterable[Candidate], base: int, protected_ok: bool
