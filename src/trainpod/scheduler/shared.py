@@ -14,7 +14,8 @@ job, in turn:
    borrowing teams, or of anyone when no teams are configured), and, for a team within its
    quota, borrowed work of other teams (reclaim). Lowest priority first, then least work
    lost since the last committed checkpoint; never one inside the minimum run time (the job
-   then waits until that time, and :meth:`SharedScheduler.wake_at` says when). Only a set
+   then waits until that time with those victims promised to it, and
+   :meth:`SharedScheduler.wake_at` says when). Only a set
    that lets it start is preempted, and victims that turn out unneeded are dropped;
 5. else it waits with a reservation at its expected start (from the running jobs' time
    limits) that no later job may delay.

@@ -9,7 +9,8 @@ start), then lowest id. A job may take:
 * if its team is within its quota, any work of other teams while they borrow (reclaim).
 
 Never one inside its minimum run time: if only such a set would do, the job waits for the
-time the last of them leaves it. Victims are added in order until the job could start (its
+time the last of them leaves it, and the set is promised to it (no later job in the pass
+counts on those jobs). Victims are added in order until the job could start (its
 nodes and its quota), then those that turned out unneeded are dropped, as Kueue does.
 
 A search remembers, for the rest of a pass, what it could not find: the pass only makes
