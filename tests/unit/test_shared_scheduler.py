@@ -6,6 +6,7 @@ over time, starting and ending jobs and requeueing the preempted, as the control
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -289,6 +290,15 @@ def test_the_minimum_run_time_protects_a_job_and_the_scheduler_wakes_when_it_end
     assert sched.wake_at(snap) == 1600.0
     later = replace(snap, now=1600.0)
     assert by_kind(sched.plan(later))["preempt"] == {1: "preempted for job 2 (priority high)"}
+
+
+def test_a_protected_victim_is_promised_to_the_first_job_waiting_for_it() -> None:
+    policy = SharingPolicy(min_run_s=600.0)
+    run = [running(1, ["gpu-0", "gpu-1", "gpu-2", "gpu-3"], priority=LOW, started=1000.0)]
+    queue = [queued(2, 4, priority=HIGH, at=1.0), queued(3, 2, priority=HIGH, at=2.0)]
+    h = holds(SharedScheduler(policy).plan(snapshot(1100.0, queue, run)))
+    assert h[2].reason == "waiting for job 1's minimum run time (until 00:26:40 UTC)"
+    assert h[3].reason == "waiting for nodes: needs 2, 0 idle in partition gpu"
 
 
 def test_no_double_preemption_while_victims_are_stopping_and_their_nodes_are_kept() -> None:
@@ -671,3 +681,27 @@ def test_a_team_at_its_quota_preempts_its_own_lower_job_for_a_higher_one() -> No
         2: "waiting for job 1 to checkpoint and stop (its nodes are reserved for this job)"
     }
     assert by_kind(sched.plan(snapshot(120.0, queue, [])))["place"] == {2: ("gpu-0",)}
+
+
+def test_a_large_job_waiting_on_a_job_of_unknown_end_is_not_starved_either() -> None:
+    # job 1 declares no time limit, so job 100 has no estimate while it runs; small jobs
+    # backfill meanwhile, but once job 1 ends the large one gets the next nodes to free up
+    sim = Sim(SharedScheduler(), size=4)
+    sim.submit(queued(1, 1), runtime=100.0)
+    sim.step()
+    sim.submit(queued(100, 4, limit=50.0), runtime=50.0)
+    small = 1000
+    estimates: list[float | None] = []
+    for _ in range(100):
+        sim.submit(queued(small, 1, limit=30.0), runtime=30.0)
+        small += 1
+        h = holds(sim.step())
+        if 100 in h:
+            estimates.append(h[100].estimated_start)
+        sim.advance(5.0)
+    assert any(sim.started.get(j, 1e9) < 100.0 for j in range(1000, small))  # backfilled
+    assert estimates[0] is None  # job 1 may run for ever
+    assert 100 in sim.started and sim.started[100] <= 100.0 + 30.0 + 5.0
+    # once it has an estimate, no later pass pushes it back
+    known = [e for e in estimates if e is not None]
+    assert known and all(later <= first for first, later in itertools.pairwise(known))

@@ -17,8 +17,9 @@ consumes, never every node.
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from trainpod.scheduler.base import NodeSlot
@@ -32,6 +33,7 @@ class Hole:
     deadline: float  # the claimant's expected start: a job using it must end by then
     count: int
     owner: int  # the queued job that claimed it
+    seq: int  # claims are numbered in the pass's order
 
 
 @dataclass
@@ -40,7 +42,9 @@ class Group:
     names: list[str] = field(default_factory=list)  # free nodes in spec order
     taken: int = 0  # names[:taken] were placed this pass
     free: int = 0  # free and unclaimed
-    holes: list[Hole] = field(default_factory=list)
+    holes: list[Hole] = field(default_factory=list)  # in the order they were claimed
+    hole_index: tuple[int, list[float], list[int]] | None = None
+    """(version, deadlines ascending, nodes in holes with that deadline or later)."""
     stopping: list[list[int]] = field(default_factory=list)  # [running job, nodes left]
     stopping_left: int = 0  # the sum of those
     future: list[list[float]] = field(default_factory=list)  # heap [time, seq, count, owner]
@@ -61,9 +65,15 @@ class Capacity:
         self.index: dict[str, int] = {}
         self._seq = 0
         self._sets: dict[frozenset[str], list[Group]] = {}
+        self.version = 0  # bumped by every change a decision makes
+        self._idle: dict[frozenset[str], int] = {}  # until the next placement
+        self._holes_version = 0  # bumped whenever holes change
+        self._claimants: dict[frozenset[str], tuple[int, int | None]] = {}
         self._entries: dict[int, list[tuple[Group, list[float]]]] = {}  # running job -> its
         self.dead: set[int] = set()  # running jobs whose nodes went to a preemptor
-        self.relied_on: set[int] = set()  # running jobs whose release a reservation counts on
+        self.relied_on: set[int] = set()
+        """Running jobs whose release a reservation counts on, or that a waiting job will
+        preempt: not victims for anyone else."""
         for i, n in enumerate(nodes):
             self.index[n.name] = i
             g = self.groups.get(n.group)
@@ -86,33 +96,60 @@ class Capacity:
 
     def idle_in(self, groups: frozenset[str]) -> int:
         """Free nodes not yet placed, claimed or not."""
-        return sum(len(g.names) - g.taken for g in self._ordered(groups))
+        idle = self._idle.get(groups)
+        if idle is None:
+            idle = self._idle[groups] = sum(len(g.names) - g.taken for g in self._ordered(groups))
+        return idle
 
     def usable(self, groups: frozenset[str], end: float | None) -> int:
         """Nodes a job ending at ``end`` (None: unknown) could start on now."""
         total = 0
         for g in self._ordered(groups):
             total += g.free
-            if end is not None:
-                total += sum(h.count for h in g.holes if h.deadline >= end)
+            if end is not None and g.holes:
+                total += self._holes_from(g, end)
         return total
 
     def stuck(self, groups: frozenset[str], n: int, end: float | None) -> bool:
         """Nothing in these groups can start, be claimed soon or get a known start for ``n``
         nodes: none free, none stopping, too few coming free at known times, and no holes
         this job could use. (Victims may still help.)"""
-        finite = 0
+        finite = usable = 0
         for g in self._ordered(groups):
-            if g.free or g.stopping_left or (g.holes and end is not None):
+            if g.free or g.stopping_left:
                 return False
             finite += g.finite
-        return finite < n
+            if g.holes and end is not None:
+                usable += self._holes_from(g, end)
+        return finite < n and usable < n
+
+    def _holes_from(self, g: Group, end: float) -> int:
+        """Nodes in ``g``'s holes whose deadline is ``end`` or later."""
+        index = g.hole_index
+        if index is None or index[0] != self._holes_version:
+            holes = sorted(g.holes, key=lambda h: h.deadline)
+            deadlines = [h.deadline for h in holes]
+            after = [0] * (len(holes) + 1)
+            for i in range(len(holes) - 1, -1, -1):
+                after[i] = after[i + 1] + holes[i].count
+            index = g.hole_index = (self._holes_version, deadlines, after)
+        return index[2][bisect.bisect_left(index[1], end)]
 
     def stopping_in(self, groups: frozenset[str]) -> int:
         return sum(g.stopping_left for g in self._ordered(groups))
 
-    def claimants(self, groups: frozenset[str]) -> list[int]:
-        return sorted({h.owner for g in self._ordered(groups) for h in g.holes})
+    def first_claimant(self, groups: frozenset[str]) -> int | None:
+        """The first job (in the pass's order) holding free nodes of these groups for its
+        reservation."""
+        cached = self._claimants.get(groups)
+        if cached is not None and cached[0] == self._holes_version:
+            return cached[1]
+        first = min(
+            ((h.seq, h.owner) for g in self._ordered(groups) for h in g.holes), default=None
+        )
+        out = None if first is None else first[1]
+        self._claimants[groups] = (self._holes_version, out)
+        return out
 
     # -- running jobs --------------------------------------------------------------------------
     def add_running(self, job: int, per_group: dict[str, int], end: float | None) -> None:
@@ -137,8 +174,14 @@ class Capacity:
         if owner != NO_OWNER:
             self._entries.setdefault(owner, []).append((g, entry))
 
+    def promise(self, jobs: Iterable[int]) -> None:
+        """Running jobs a waiting job will preempt later: no one else counts on them."""
+        self.version += 1
+        self.relied_on.update(jobs)
+
     def kill(self, job: int) -> None:
         """A running job's nodes went to a preemptor: its release is no one else's."""
+        self.version += 1
         self.dead.add(job)
         for g, entry in self._entries.pop(job, []):
             if entry[0] != INF:
@@ -151,6 +194,8 @@ class Capacity:
         checked :meth:`usable`."""
         chosen: list[str] = []
         left = n
+        self.version += 1
+        self._idle.clear()
         for g in self._ordered(groups):
             if left == 0:
                 break
@@ -165,6 +210,7 @@ class Capacity:
                     if from_holes == left:
                         break
                 g.holes = [h for h in g.holes if h.count > 0]
+                self._holes_version += 1
             from_free = min(g.free, left - from_holes)
             g.free -= from_free
             take = from_holes + from_free
@@ -183,6 +229,7 @@ class Capacity:
         gs = self._ordered(groups)
         if sum(g.free + g.stopping_left for g in gs) < n:
             return None
+        self.version += 1
         left = n
         for g in gs:
             use = min(g.free, left)
@@ -205,6 +252,7 @@ class Capacity:
         self, groups: frozenset[str], n: int, victims: dict[int, dict[str, int]]
     ) -> None:
         """A preemptor claims free and stopping nodes, then its victims' nodes."""
+        self.version += 1
         gs = self._ordered(groups)
         left = n
         for g in gs:
@@ -230,6 +278,7 @@ class Capacity:
     ) -> Reservation:
         """Reserve the earliest nodes to come free for a job that cannot start now; free
         nodes it takes become holes until its start (or ``hold_until`` if sooner)."""
+        self.version += 1
         gs = self._ordered(groups)
         got: dict[int, int] = {}  # id(group) -> nodes
         start = self.now
@@ -285,7 +334,9 @@ class Capacity:
         for g in gs:
             taken = free_taken.get(id(g), 0)
             if taken:
-                g.holes.append(Hole(deadline, taken, owner))
+                self._seq += 1
+                g.holes.append(Hole(deadline, taken, owner, self._seq))
+                self._holes_version += 1
             count = got.get(id(g), 0)
             if count and start != INF and duration is not None:
                 self._push(g, start + duration, count, NO_OWNER)

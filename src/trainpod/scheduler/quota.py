@@ -9,6 +9,7 @@ ended, stopping ones included.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from trainpod.scheduler.policy import SharingPolicy
@@ -25,27 +26,28 @@ class Quotas:
         wanted: Iterable[tuple[str, str, int]] = (),
     ) -> None:
         """``held``: (team, partition, nodes) of every running job; ``capacity``: the nodes
-        of each partition; ``wanted``: the same of every queued job (a team's quota that its
-        own queued jobs ask for is not idle, so it is not lent: a borrower does not take
-        nodes that their owner is waiting for and would only reclaim)."""
+        of each partition; ``wanted``: the same of every queued job. A team's quota that its
+        own queued jobs ask for (those that fit in it) is not idle, so it is not lent: a
+        borrower does not take nodes that their owner waits for and would only reclaim."""
         self.teams = {t.name: t for t in policy.teams}
+        self.active = bool(self.teams)  # no teams: no quotas
+        self.version = 0  # bumped by every change
         self.used: dict[str, dict[str, int]] = {}  # partition -> team -> nodes
         for team, part, nodes in held:
             per = self.used.setdefault(part, {})
             per[team] = per.get(team, 0) + nodes
         self.wanted: dict[Key, int] = {}
-        for team, part, nodes in wanted:
-            self.wanted[(team, part)] = self.wanted.get((team, part), 0) + nodes
+        for (team, part, nodes), jobs in Counter(wanted).items():
+            if nodes <= self.quota(team, part):  # a job that must borrow reserves no quota
+                key = (team, part)
+                self.wanted[key] = self.wanted.get(key, 0) + nodes * jobs
         self._refusals: dict[tuple[str, str, int], str | None] = {}
+        self._borrowing: dict[Key, bool] = {}
         """(team, partition, nodes) -> refusal with nothing given back, until usage changes."""
         self.unassigned = {
             part: max(0, cap - sum(t.quota_in(part) for t in policy.teams))
             for part, cap in capacity.items()
         }
-
-    @property
-    def active(self) -> bool:
-        return bool(self.teams)
 
     def quota(self, team: str, part: str) -> int:
         t = self.teams.get(team)
@@ -57,7 +59,9 @@ class Quotas:
 
     def add(self, team: str, part: str, nodes: int) -> None:
         """A queued job of the team starts: its nodes move from wanted to used."""
+        self.version += 1
         self._refusals.clear()
+        self._borrowing.clear()
         key = (team, part)
         if key in self.wanted:
             self.wanted[key] = max(0, self.wanted[key] - nodes)
@@ -70,7 +74,13 @@ class Quotas:
 
     def borrowing(self, team: str, part: str, minus: Mapping[Key, int] | None = None) -> bool:
         """Does the team hold more than its quota (its excess is others' idle share)?"""
-        return self.used_by(team, part, minus) > self.quota(team, part)
+        if minus:
+            return self.used_by(team, part, minus) > self.quota(team, part)
+        key = (team, part)
+        got = self._borrowing.get(key)
+        if got is None:
+            got = self._borrowing[key] = self.used_by(team, part) > self.quota(team, part)
+        return got
 
     def refusal(
         self, team: str, part: str, nodes: int, minus: Mapping[Key, int] | None = None

@@ -14,7 +14,8 @@ job, in turn:
    borrowing teams, or of anyone when no teams are configured), and, for a team within its
    quota, borrowed work of other teams (reclaim). Lowest priority first, then least work
    lost since the last committed checkpoint; never one inside the minimum run time (the job
-   then waits until that time, and :meth:`SharedScheduler.wake_at` says when). Only a set
+   then waits until that time with those victims promised to it, and
+   :meth:`SharedScheduler.wake_at` says when). Only a set
    that lets it start is preempted, and victims that turn out unneeded are dropped;
 5. else it waits with a reservation at its expected start (from the running jobs' time
    limits) that no later job may delay.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from trainpod.scheduler import fairshare
@@ -44,6 +44,7 @@ from trainpod.scheduler.base import (
 from trainpod.scheduler.capacity import Capacity
 from trainpod.scheduler.policy import SharingPolicy
 from trainpod.scheduler.quota import Key, Quotas
+from trainpod.scheduler.victims import Victims, VictimSearch
 
 
 def clock(t: float) -> str:
@@ -84,17 +85,6 @@ class SharedScheduler(Scheduler):
 
 
 @dataclass
-class Victims:
-    jobs: list[RunningJob]
-    protected_until: float | None = None  # set when they are inside their minimum run time
-    unstarted: int | None = None  # a needed victim that has not started yet
-    found: bool = True
-
-
-NONE = Victims([], found=False)
-
-
-@dataclass
 class Pass:
     policy: SharingPolicy
     snap: Snapshot
@@ -131,21 +121,24 @@ class Pass:
             {p: sum(usable[g] for g in groups) for p, groups in parts.items()},
             ((q.team, q.partition, q.nodes) for q in snap.queue),
         )
-        self.candidates = sorted(
-            (r for r in snap.running if r.preemptible and not r.stopping),
-            key=lambda r: (r.priority, self.lost_work(r), r.id),
-        )
         self.jobs = {q.id: q for q in snap.queue}
+        self.settled: dict[tuple[object, ...], tuple[int, int, str]] = {}
+        """Job shape -> (capacity version, quota version, reason) of a job that could do
+        nothing but wait; a job of the same shape gets the same answer while neither has
+        changed (with backfill, where a waiting job does not hold later ones back)."""
         self.pos_of: dict[int, int] = {}
         self.held = 0  # jobs held so far in this pass
         self._no_nodes: dict[tuple[int, int, str], str] = {}
         self.blocked: dict[str, int] = {}  # without backfill: group -> first job waiting
-        self.near: dict[frozenset[str], list[RunningJob]] = {}
-        """Groups -> the candidates holding nodes in them, in candidate order."""
-        self.no_victims: dict[tuple[frozenset[str], str, str], list[tuple[int, int]]] = {}
-        """(groups, team, partition) -> (priority, nodes) no victim set was found for. The
-        pass only makes victims scarcer, and a lower priority or a larger job has fewer
-        candidates and needs more, so such a job finds none either."""
+        self.search = VictimSearch(
+            snap.running,
+            self.in_groups,
+            now,
+            self.policy.min_run_s,
+            self.cap,
+            self.quotas,
+            self.stopping_use,
+        )
 
     # -- facts about running jobs --------------------------------------------------------------
     def expected_end(self, r: RunningJob) -> float | None:
@@ -153,15 +146,6 @@ class Pass:
             return None
         start = self.now if r.started_at is None else r.started_at
         return max(self.now, start + r.time_limit_s)
-
-    def lost_work(self, r: RunningJob) -> float:
-        since = r.last_checkpoint_at if r.last_checkpoint_at is not None else r.started_at
-        return 0.0 if since is None else max(0.0, self.now - since)
-
-    def protected(self, r: RunningJob) -> bool:
-        if self.policy.min_run_s <= 0:
-            return False
-        return r.started_at is None or self.now - r.started_at < self.policy.min_run_s
 
     # -- the walk ------------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -203,15 +187,24 @@ class Pass:
                 behind = f"behind job {first.id} ({label(first.priority, first.priority_class)})"
                 self.hold(job, pos, behind, r.start)
                 return
+        shape = (groups, job.team, job.partition, job.priority, n, job.time_limit_s)
+        settled = self.settled.get(shape)
+        if settled is not None and settled[:2] == (self.cap.version, self.quotas.version):
+            self.hold(job, pos, settled[2])
+            return
         end = None if job.time_limit_s is None else self.now + job.time_limit_s
         refusal = self.quotas.refusal(job.team, job.partition, n)
         victims: Victims | None = None
         if self.cap.stuck(groups, n, end):
-            victims = self.victims(job)
+            victims = self.search.find(job)
             if not victims.found:
                 # the common case deep in a long queue: the same answer as below, sooner
-                self.block(job)
-                self.hold(job, pos, refusal or self.no_nodes(job, 0))
+                reason = refusal or self.wait_reason(job, free=0)
+                if self.policy.backfill:
+                    self.settled[shape] = (self.cap.version, self.quotas.version, reason)
+                else:
+                    self.block(job)
+                self.hold(job, pos, reason)
                 return
         if refusal is None and self.cap.usable(groups, end) >= n:
             nodes = self.cap.place(groups, n, end)
@@ -230,7 +223,7 @@ class Pass:
                 self.hold(job, pos, f"{waiting_for(waits)} (its nodes are reserved for this job)")
                 return
         if victims is None:
-            victims = self.victims(job)
+            victims = self.search.find(job)
         if victims.found and victims.protected_until is None and victims.unstarted is None:
             self.preempt(job, victims.jobs)
             self.block(job)
@@ -238,7 +231,9 @@ class Pass:
             self.hold(job, pos, f"{waiting_for(ids)} (preempted for this job)")
             return
         if victims.found:
+            # it will preempt them once it may: no later job counts on them meanwhile
             self.block(job)
+            self.cap.promise([v.id for v in victims.jobs])
             until = victims.protected_until
             r = self.cap.reserve(groups, n, job.time_limit_s, job.id, hold_until=until)
             if until is None:
@@ -246,8 +241,8 @@ class Pass:
                 self.hold(job, pos, reason, r.start)
                 return
             self.wakes.add(until)
-            named = max(victims.jobs, key=lambda v: (v.started_at or 0.0, v.id))
-            reason = f"waiting for job {named.id}'s minimum run time (until {clock(until)})"
+            named = victims.last_protected
+            reason = f"waiting for job {named}'s minimum run time (until {clock(until)})"
             self.hold(job, pos, reason, until + self.policy.grace_s)
             return
         if refusal is not None:
@@ -255,16 +250,20 @@ class Pass:
                 self.block(job)
             self.hold(job, pos, refusal)
             return
-        idle, free = self.cap.idle_in(groups), self.cap.free_in(groups)
-        claimants = self.cap.claimants(groups)
+        reason = self.wait_reason(job)
         r = self.cap.reserve(groups, n, job.time_limit_s, job.id)
         self.block(job)
-        if idle >= n and claimants:
-            first = self.jobs[min(claimants, key=self.pos_of.__getitem__)]
-            reason = f"behind job {first.id} ({label(first.priority, first.priority_class)})"
-        else:
-            reason = self.no_nodes(job, free)
         self.hold(job, pos, reason, r.start)
+
+    def wait_reason(self, job: QueuedJob, free: int | None = None) -> str:
+        """Why a job waits for nodes: nodes an earlier job has claimed, or too few idle
+        (``free``: the unclaimed free nodes of its groups, where the caller knows them)."""
+        if self.cap.idle_in(job.groups) >= job.nodes:
+            claimant = self.cap.first_claimant(job.groups)
+            if claimant is not None:
+                first = self.jobs[claimant]
+                return f"behind job {first.id} ({label(first.priority, first.priority_class)})"
+        return self.no_nodes(job, self.cap.free_in(job.groups) if free is None else free)
 
     def no_nodes(self, job: QueuedJob, free: int) -> str:
         key = (job.nodes, free, job.partition)
@@ -299,95 +298,6 @@ class Pass:
         return ""
 
     # -- preemption ----------------------------------------------------------------------------
-    def victims(self, job: QueuedJob) -> Victims:
-        key = (job.groups, job.team, job.partition)
-        failed = self.no_victims.setdefault(key, [])
-        if not self.candidates:
-            return NONE
-        for p, n in failed:
-            if job.priority <= p and job.nodes >= n:
-                return NONE
-        near = self.near.get(job.groups)
-        if near is None:
-            near = [
-                c for c in self.candidates if not self.in_groups[c.id].keys().isdisjoint(job.groups)
-            ]
-            self.near[job.groups] = near
-        base = self.cap.free_in(job.groups) + self.cap.stopping_in(job.groups)
-        chosen = self.select(job, self.eligible(job, near), base, protected_ok=False)
-        if chosen is not None:
-            return Victims(chosen)
-        if self.policy.min_run_s > 0:
-            chosen = self.select(job, self.eligible(job, near), base, protected_ok=True)
-            if chosen is not None:
-                guarded = [v for v in chosen if self.protected(v)]
-                unstarted = [v.id for v in guarded if v.started_at is None]
-                if unstarted:
-                    return Victims(guarded, unstarted=unstarted[0])
-                until = max((v.started_at or 0.0) + self.policy.min_run_s for v in guarded)
-                return Victims(guarded, protected_until=until)
-        failed[:] = [(p, n) for p, n in failed if not (p <= job.priority and n >= job.nodes)]
-        failed.append((job.priority, job.nodes))
-        return NONE
-
-    def eligible(self, job: QueuedJob, near: list[RunningJob]) -> Iterator[RunningJob]:
-        """The running jobs ``job`` may preempt, best victim first: lower-priority ones (of
-        its own team or, with teams, of teams that borrow; of anyone without teams), and for
-        a job within its team's quota, any work of teams that borrow (reclaim)."""
-        q = self.quotas
-        active = q.active
-        within = q.within(job.team, job.partition, job.nodes)
-        dead, relied = self.cap.dead, self.cap.relied_on
-        for c in near:
-            lower = c.priority < job.priority
-            if not lower and not within:
-                return  # sorted by priority: no later one is lower either
-            if c.id in dead or c.id in relied:
-                continue
-            if active and c.team != job.team:
-                if q.borrowing(c.team, c.partition):
-                    yield c
-            elif lower:
-                yield c
-
-    def select(
-        self, job: QueuedJob, cands: Iterable[RunningJob], base: int, protected_ok: bool
-    ) -> list[RunningJob] | None:
-        """The fewest victims, in candidate order, that let ``job`` start (None: none do)."""
-        q = self.quotas
-        chosen: list[RunningJob] = []
-        minus: Counter[Key] = Counter(self.stopping_use)
-        got = base
-        for c in cands:
-            if not protected_ok and self.protected(c):
-                continue
-            if q.active and c.team != job.team and not q.borrowing(c.team, c.partition, minus):
-                continue
-            chosen.append(c)
-            minus[(c.team, c.partition)] += len(c.nodes)
-            got += self.useful(c, job)
-            if got >= job.nodes and self.feasible(job, chosen, base):
-                break
-        else:
-            return None
-        for c in reversed(list(chosen)):
-            trial = [v for v in chosen if v is not c]
-            if self.feasible(job, trial, base):
-                chosen = trial
-        return chosen
-
-    def useful(self, victim: RunningJob, job: QueuedJob) -> int:
-        per = self.in_groups[victim.id]
-        return sum(per[g] for g in job.groups if g in per)
-
-    def feasible(self, job: QueuedJob, victims: list[RunningJob], base: int) -> bool:
-        if base + sum(self.useful(v, job) for v in victims) < job.nodes:
-            return False
-        minus: Counter[Key] = Counter(self.stopping_use)
-        for v in victims:
-            minus[(v.team, v.partition)] += len(v.nodes)
-        return self.quotas.refusal(job.team, job.partition, job.nodes, minus) is None
-
     def preempt(self, job: QueuedJob, victims: list[RunningJob]) -> None:
         self.cap.claim_victims(
             job.groups, job.nodes, {v.id: dict(self.in_groups[v.id]) for v in victims}
