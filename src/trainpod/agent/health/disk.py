@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import shutil
 from pathlib import Path
 from typing import Any, ClassVar
@@ -87,7 +88,9 @@ def write_test(path: Path) -> str | None:
 
     Returns a description of the failure (errno name and message, or a content mismatch).
     """
-    probe = path / f".trainpod-health-{os.getpid()}"
+    # Unique per call: two checks of one agent (the scheduled run and one a finished deep
+    # check asks for) may run at once, and a shared name made one read the other's bytes.
+    probe = path / f".trainpod-health-{os.getpid()}-{secrets.token_hex(6)}"
     data = os.urandom(_PROBE_BYTES)
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
