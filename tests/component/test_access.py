@@ -216,3 +216,13 @@ def test_priority_classes_resolve_from_the_team_and_unknown_ones_are_refused(s: 
 @pytest.fixture
 def s(shared: Shared) -> Shared:
     return shared
+
+
+def test_hold_and_release_over_the_api_are_the_owners(s: Shared) -> None:
+    job_id = submit(s, "alice")
+    r = s.http.post(f"/v1/jobs/{job_id}/hold", headers=s.as_("bob"))
+    assert r.status_code == 403 and "hold or release" in r.json()["message"]
+    r = s.http.post(f"/v1/jobs/{job_id}/hold", headers=s.as_("alice"))
+    assert r.status_code == 200 and r.json()["reason"].startswith("held by alice")
+    r = s.http.delete(f"/v1/jobs/{job_id}/hold", headers=s.as_("alice"))
+    assert r.status_code == 200 and not r.json()["reason"].startswith("held")

@@ -8,8 +8,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from trainpod.controller.access import Principal
 from trainpod.controller.config import PreemptionConfig
+from trainpod.errors import Conflict, Forbidden
 from trainpod.spec.job import JobSpec
 from trainpod.spec.sharing import PriorityClassSpec, QuotaAmount, TeamSpec
 from trainpod.testing import FakeClock, FakeGroup, make_config
@@ -130,3 +133,25 @@ def test_a_job_past_its_time_limit_is_stopped_and_fails_with_the_reason(tmp_path
     assert info.attempts[-1].cause == "time_limit"
     assert not c.events("fault_detected") and not c.events("recovery_decision")
     assert c.node_states() == {"workers-0": "idle", "workers-1": "idle"}
+
+
+def test_a_held_job_is_skipped_and_says_so_until_its_owner_releases_it(tmp_path: Path) -> None:
+    c = shared_cluster(tmp_path, nodes=1)
+    running, held, after = submit(c, ALICE), submit(c, ALICE), submit(c, BOB)
+    c.start(running)
+    with pytest.raises(Forbidden, match="bob may not hold or release job"):
+        c.controller.hold(held, BOB)
+    c.controller.hold(held, ALICE)
+    c.controller.hold(held, ALICE)  # again: nothing changes
+    c.controller.step()
+    assert [e.job_id for e in c.events("job_held")] == [held]
+    info = c.job(held)
+    assert info.state == "queued" and info.reason.startswith("held by alice")
+    assert f"trainpod release {held}" in info.reason and info.queue_position is None
+    assert c.job(after).queue_position == 1  # the held job keeps nobody waiting
+    with pytest.raises(Conflict, match="only a waiting job can be held"):
+        c.controller.hold(running, ALICE)
+    c.controller.hold(held, Principal("root", "admin"), release=True)
+    c.controller.step()
+    assert c.job(held).queue_position is not None
+    assert [e.data["by"] for e in c.events("job_released")] == ["root"]

@@ -93,6 +93,8 @@ SAMPLES: list[tuple[ev.Event, dict[str, Any]]] = [
         dict(kind="job_state", job_id=3, old="queued", new="starting", reason=""),
     ),
     (ev.JobFirstStart(job_id=3), dict(kind="job_first_start", job_id=3)),
+    (ev.JobHeld(job_id=3, by="alice"), dict(kind="job_held", job_id=3, by="alice")),
+    (ev.JobReleased(job_id=3, by="root"), dict(kind="job_released", job_id=3, by="root")),
     (
         ev.AccessDenied(user="bob", action="cancel", job_id=3, reason="it belongs to alice"),
         dict(

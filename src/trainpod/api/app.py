@@ -141,6 +141,18 @@ def create_app(
     def job(job_id: int) -> JobInfo:
         return controller.job_info(job_id)
 
+    @app.post("/v1/jobs/{job_id}/hold", response_model=JobInfo)
+    def hold(job_id: int, who: Caller) -> JobInfo:
+        """Keep a waiting job in the queue, never placed, until released."""
+        controller.hold(job_id, by=who)
+        return controller.job_info(job_id)
+
+    @app.delete("/v1/jobs/{job_id}/hold", response_model=JobInfo)
+    def unhold(job_id: int, who: Caller) -> JobInfo:
+        """Let a held job be scheduled again."""
+        controller.hold(job_id, by=who, release=True)
+        return controller.job_info(job_id)
+
     @app.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo)
     def cancel(job_id: int, who: Caller) -> JobInfo:
         controller.cancel(job_id, by=who)

@@ -228,6 +228,20 @@ def cancel(job_id: int = typer.Argument(...), cluster: str = CLUSTER_OPT) -> Non
     console.print(f"job {job.id}: {styled(job.state)}")
 
 
+def hold(job_id: int = typer.Argument(...), cluster: str = CLUSTER_OPT) -> None:
+    """Keep a waiting job in the queue, never started, until `trainpod release`."""
+    with client_for(cluster) as client:
+        job = client.hold(job_id)
+    console.print(f"job {job.id}: {styled(job.state)} ({job.reason})")
+
+
+def release(job_id: int = typer.Argument(...), cluster: str = CLUSTER_OPT) -> None:
+    """Let a held job be scheduled again (its place in the queue is kept)."""
+    with client_for(cluster) as client:
+        job = client.hold(job_id, release=True)
+    console.print(f"job {job.id}: {styled(job.state)}")
+
+
 def events(
     job: int = typer.Option(None, "--job", "-j"),
     node: str = typer.Option(None, "--node"),

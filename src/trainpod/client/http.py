@@ -137,6 +137,9 @@ class TrainpodClient:
     def cancel(self, job_id: int) -> wire.JobInfo:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel", _JOB)
 
+    def hold(self, job_id: int, *, release: bool = False) -> wire.JobInfo:
+        return self._call("DELETE" if release else "POST", f"/v1/jobs/{job_id}/hold", _JOB)
+
     def preempt(self, job_id: int, reason: str = "", grace_s: float | None = None) -> wire.JobInfo:
         """Preempt a running job (admins only): notice, grace (default: the cluster spec's),
         then queued again as ``preempted``."""

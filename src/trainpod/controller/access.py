@@ -60,6 +60,7 @@ class Action(str, enum.Enum):
     """What a caller asks to do, as a refusal names it."""
 
     CANCEL = "cancel"
+    HOLD = "hold or release"
     READ_LOGS = "read the logs of"
     SHELL = "open a shell in"
     ALLOC = "run in the allocation of"

@@ -73,6 +73,8 @@ from trainpod.model.events import (
     ControllerStarted,
     ControllerStepFailed,
     ControllerStepRecovered,
+    JobHeld,
+    JobReleased,
     JobSubmitted,
     NodeDeclared,
 )
@@ -272,6 +274,28 @@ class Controller:
         now = self.clock.now()
         with self._lock, self.store.transaction():
             self.allocations.step_ended(job_id, step, exit_code, now)
+
+    def hold(self, job_id: int, by: Principal, release: bool = False) -> JobRow:
+        """Keep a waiting job in the queue, never placed, until released (Slurm's
+        ``scontrol hold``); its owner's or an admin's. Holding a held job, or releasing one
+        that is not, changes nothing; a job that is not waiting raises :class:`Conflict`."""
+        self.authorize(by, Action.HOLD, job_id)
+        now = self.clock.now()
+        with self._lock, self.store.transaction():
+            job = self.tx.job(job_id)
+            if job.state not in (JobState.QUEUED, JobState.PREEMPTED):
+                what = "released" if release else "held"
+                raise Conflict(
+                    f"job {job_id} is {job.state.value}: only a waiting job can be {what}"
+                )
+            if release and job.held_by:
+                self.store.update_job(job_id, now, held_by="")
+                self.store.append(now, JobReleased(job_id=job_id, by=by.name))
+            elif not release and not job.held_by:
+                self.store.update_job(job_id, now, held_by=by.name)
+                self.store.append(now, JobHeld(job_id=job_id, by=by.name))
+            self.wake.bump()
+            return self.tx.job(job_id)
 
     def authorize(self, by: Principal, action: Action, job_id: int | None = None) -> None:
         """Return if ``by`` may do ``action`` (on the job); else record the refusal and

@@ -51,7 +51,8 @@ class Planner:
         return snapshot
 
     def snapshot(self, now: float) -> Snapshot:
-        queued = self.store.jobs([JobState.QUEUED, JobState.PREEMPTED])
+        waiting = self.store.jobs([JobState.QUEUED, JobState.PREEMPTED])
+        queued = [j for j in waiting if not j.held_by]  # held jobs wait for `trainpod release`
         earlier = self.store.attempts_of_jobs([j.id for j in queued])
         active = self.store.active_attempts()
         jobs = {j.id: j for j in queued}

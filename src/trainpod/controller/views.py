@@ -154,6 +154,10 @@ def _job_info(
     waiting = job.state in (JobState.QUEUED, JobState.PREEMPTED)
     hold = hold if waiting else None
     reason = job.reason
+    if waiting and job.held_by:
+        hold = None
+        why = f"held by {job.held_by} (`trainpod release {job.id}` lets it be scheduled)"
+        reason = f"{why}; {job.reason}" if job.reason else why
     if hold is not None:  # why it waits now, then why it came back to the queue (if it did)
         reason = f"{hold.reason}; {job.reason}" if job.reason else hold.reason
     return JobInfo(

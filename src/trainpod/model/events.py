@@ -712,6 +712,24 @@ class CheckpointFailed(KnownEvent):
 
 @_register
 @dataclass(frozen=True, kw_only=True)
+class JobHeld(KnownEvent):
+    """The job stays in the queue, never placed, until released (``trainpod hold``)."""
+
+    kind = "job_held"
+    job_id: int
+    by: str
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class JobReleased(KnownEvent):
+    kind = "job_released"
+    job_id: int
+    by: str
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
 class AccessDenied(KnownEvent):
     """A call was refused: who asked, to do what, and why (also answered as HTTP 403)."""
 

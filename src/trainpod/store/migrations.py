@@ -139,4 +139,8 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX tokens_user ON tokens(user);
     """,
+    # 6: a job held in the queue (`trainpod hold`): who holds it; empty: not held
+    """
+    ALTER TABLE jobs ADD COLUMN held_by TEXT NOT NULL DEFAULT '';
+    """,
 ]

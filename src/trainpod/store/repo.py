@@ -34,7 +34,15 @@ _NODE_COLUMNS = {
     "repair",
     "allocation",
 }
-_JOB_COLUMNS = {"state", "reason", "started_at", "ended_at", "cancel_requested", "external"}
+_JOB_COLUMNS = {
+    "state",
+    "reason",
+    "started_at",
+    "ended_at",
+    "cancel_requested",
+    "external",
+    "held_by",
+}
 _ATTEMPT_COLUMNS = {"state", "started_at", "ended_at", "cause", "failure"}
 _RANK_COLUMNS = {"state", "pid", "exit_code", "signal", "started_at", "ended_at"}
 

@@ -69,6 +69,7 @@ class JobRow:
     cancel_requested: bool
     updated_at: float
     external: str = ""  # the job's id in an external scheduler (Slurm), if any
+    held_by: str = ""  # who holds it in the queue (`trainpod hold`); empty: not held
 
     @classmethod
     def from_sql(cls, r: sqlite3.Row) -> JobRow:
@@ -84,6 +85,7 @@ class JobRow:
             cancel_requested=bool(r["cancel_requested"]),
             external=r["external"],
             updated_at=r["updated_at"],
+            held_by=r["held_by"],
         )
 
 
