@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.executor import Executor
 from trainpod.controller.external import Scheduling
-from trainpod.controller.sharing import Shapes
+from trainpod.controller.sharing import Shapes, UsageBook
 from trainpod.controller.transitions import Transitions
 from trainpod.model.states import AttemptState, JobState
 from trainpod.scheduler.base import QueuedJob, RunningJob, Snapshot
-from trainpod.scheduler.usage import UsageInterval, decayed_usage
 from trainpod.store.repo import Store
 
 
@@ -29,11 +28,13 @@ class Planner:
     executor: Executor
     _shapes: Shapes = field(init=False)
     """Queued and running jobs as the scheduler sees them, parsed once per job."""
+    _usage_book: UsageBook = field(init=False)
     _planned_at: tuple[int, float | None] = field(default=(-1, None), init=False)
     """(version, wake_at) of the last pass."""
 
     def __post_init__(self) -> None:
         self._shapes = Shapes(self.cfg, self.tx)
+        self._usage_book = UsageBook(self.store, self.cfg.fair_share_half_life_s)
 
     def due(self, now: float) -> bool:
         version, wake_at = self._planned_at
@@ -109,11 +110,4 @@ class Planner:
         )
 
     def _usage(self, now: float) -> dict[str, float]:
-        """Teams' decayed node-seconds (use older than 20 half-lives counts < 1e-6)."""
-        half_life = self.cfg.fair_share_half_life_s
-        rows = self.store.usage_since(now - 20 * half_life)
-        return decayed_usage(
-            (UsageInterval(team, nodes, start, end) for team, nodes, start, end in rows),
-            now,
-            half_life,
-        )
+        return self._usage_book.usage(now)

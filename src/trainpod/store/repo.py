@@ -402,16 +402,16 @@ class Store:
         )
         return [AttemptRow.from_sql(r) for r in rows]
 
-    def usage_since(self, since: float) -> list[tuple[str, int, float, float | None]]:
-        """(team, nodes, held from, held until or None) of every attempt that held nodes
-        after ``since``: the fair-share input. The team is the job's (its spec's)."""
+    def usage_since(self, since: float) -> list[tuple[int, str, int, float, float | None]]:
+        """(attempt id, team, nodes, held from, held until or None) of every attempt that
+        held nodes after ``since``: the fair-share input. The team is the job's spec's."""
         rows = self._conn.execute(
-            "SELECT json_extract(j.spec, '$.team'), json_array_length(a.nodes), a.created_at, "
-            "a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id "
+            "SELECT a.id, json_extract(j.spec, '$.team'), json_array_length(a.nodes), "
+            "a.created_at, a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id "
             "WHERE a.ended_at IS NULL OR a.ended_at >= ?",
             (since,),
         )
-        return [(str(t or ""), int(n or 0), float(c), e) for t, n, c, e in rows]
+        return [(int(i), str(t or ""), int(n or 0), float(c), e) for i, t, n, c, e in rows]
 
     def last_checkpoints(self, job_ids: Sequence[int]) -> dict[int, float]:
         """Job -> when its newest checkpoint was saved or committed (from the events)."""
