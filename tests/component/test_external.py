@@ -305,6 +305,26 @@ def test_slurm_preempting_the_allocation_is_a_preemption_and_its_requeue_waits_a
     assert s.job(job).attempts[-1].number == 2 and s.job(job).state == "running"
 
 
+def test_a_late_notice_from_the_last_allocation_does_not_stop_the_new_one(s: Slurmish) -> None:
+    job = s.submit(1)
+    s.allocate(job, ["node1"])
+    s.start(job)
+    old = s.agents["node1"]
+    old.allocation["preempted_at"] = s.clock.now()
+    old.beat()
+    old.exit_all(s.controller.store.attempts(job)[-1].id, 0)
+    old.beat()
+    s.controller.step()
+    assert s.job(job).state == "preempted"
+    # Slurm runs it again (round 1) before the controller has seen the requeue; the last
+    # round's agent, not yet gone, still reports its notice.
+    s.allocate(job, ["node2"], round_=1)
+    assert s.start(job) == ["node2"]
+    old.beat()
+    info = s.job(job)
+    assert info.state == "running" and len(info.attempts) == 2, info.reason
+
+
 def test_a_job_slurm_held_after_a_failed_launch_is_released(s: Slurmish) -> None:
     job = s.submit(2)
     held = ExternalJob("101", "PENDING", "launch failed requeued held")

@@ -79,7 +79,7 @@ class HeartbeatIngest:
         """The external scheduler (Slurm) preempts the allocation this agent runs in: the
         job's attempt stops as a preemption (its ranks have the notice from their agent),
         before any exit in this beat is judged, so the job waits as ``preempted``."""
-        if hb.preempted_at is None or node.allocation is None:
+        if node.allocation is None or not self.scheduling.preempted(hb):
             return
         attempt = self.tx.active_attempt(node.allocation)
         if attempt is None or attempt.state.ended:

@@ -67,6 +67,7 @@ class SlurmScheduling(Scheduling):
         self._unresumed: set[str] = set()  # nodes whose resume in Slurm failed: retried
         self._preempted_agents: set[str] = set()
         """Agents whose allocation Slurm preempts: nothing starts on them again."""
+        self._rounds: dict[int, int] = {}  # job -> the newest allocation round heard from
 
     def _call(
         self,
@@ -152,8 +153,11 @@ class SlurmScheduling(Scheduling):
         stale = self._stale_allocation(hb.allocation, hb.allocation_round)
         if stale:
             self._stale_agents.add(hb.agent_id)
-        if hb.preempted_at is not None:
-            self._preempted_agents.add(hb.agent_id)
+        if hb.allocation is not None and not stale:
+            newest = max(self._rounds.get(hb.allocation, 0), hb.allocation_round)
+            self._rounds[hb.allocation] = newest
+            if hb.preempted_at is not None:
+                self._preempted_agents.add(hb.agent_id)
         alloc = None if hb.leaving or stale else hb.allocation
         owner = self.store.job(alloc) if alloc is not None else None
         if owner is not None and not owner.external and hb.external_id:
@@ -164,6 +168,13 @@ class SlurmScheduling(Scheduling):
                 self.store.append(now, NodeAllocated(node=node.name, job_id=alloc))
             node = self.tx.node(node.name)
         return node
+
+    def preempted(self, hb: Heartbeat) -> bool:
+        """Slurm preempts this agent's allocation: its batch trap's notice reached it. Not
+        an older round's agent (its requeue not seen yet): its notice is not the new one's."""
+        if hb.allocation is None or hb.agent_id not in self._preempted_agents:
+            return False
+        return hb.allocation_round >= self._rounds.get(hb.allocation, 0)
 
     def leave_code(self, row: NodeRow | None) -> int | None:
         """An allocation agent whose job ended (or was requeued) exits with this."""
