@@ -267,6 +267,64 @@ def test_a_requeue_by_slurm_itself_ends_the_attempt_and_waits_for_the_new_alloca
     assert s.job(job).attempts[-1].number == 2
 
 
+def test_slurm_preempting_the_allocation_is_a_preemption_and_its_requeue_waits_as_preempted(
+    s: Slurmish,
+) -> None:
+    job = s.submit(2, spares=1)
+    s.allocate(job, ["node1", "node2", "node3"])
+    nodes = s.start(job)
+    attempt = s.controller.store.attempts(job)[-1].id
+    # Slurm chose the job: its batch trap wrote the notice, each agent reports it.
+    for n in ["node1", "node2", "node3"]:
+        s.agents[n].allocation["preempted_at"] = s.clock.now()
+        s.agents[n].beat()
+    info = s.job(job)
+    assert info.state == "stopping" and "preempted by Slurm" in info.reason
+    orders = s.agents[nodes[0]].beat()
+    kill = next(k for k in orders.kill if k.attempt_id == attempt)  # the controller's notice
+    assert kill.notice_signal == "SIGUSR1"  # given locally already: launcher.kill is idempotent
+    for n in nodes:  # the ranks saved on the notice and exited 0
+        s.agents[n].exit_all(attempt, 0)
+        s.agents[n].beat()
+    s.controller.step()
+    info = s.job(job)
+    assert info.state == "preempted", info.reason
+    assert info.attempts[-1].state == "failed" and info.attempts[-1].cause == "preempted"
+    assert len(info.attempts) == 1  # not restarted on the allocation Slurm takes back
+    # After its GraceTime Slurm ends the allocation and requeues the job (PreemptMode=REQUEUE).
+    s.controller.observe(
+        Observed(jobs={"101": ExternalJob("101", "PENDING", "BeginTime", restarts=1)}, nodes={})
+    )
+    info = s.job(job)
+    assert info.state == "preempted" and "Slurm preempted and requeued" in info.reason
+    kinds = s.kinds(job)
+    assert "job_preempted" in kinds and "job_requeued" in kinds
+    assert "fault_detected" not in kinds and "recovery_decision" not in kinds
+    s.allocate(job, ["node2", "node4", "node1"], round_=1)
+    assert sorted(s.start(job)) == ["node1", "node2"]
+    assert s.job(job).attempts[-1].number == 2 and s.job(job).state == "running"
+
+
+def test_a_late_notice_from_the_last_allocation_does_not_stop_the_new_one(s: Slurmish) -> None:
+    job = s.submit(1)
+    s.allocate(job, ["node1"])
+    s.start(job)
+    old = s.agents["node1"]
+    old.allocation["preempted_at"] = s.clock.now()
+    old.beat()
+    old.exit_all(s.controller.store.attempts(job)[-1].id, 0)
+    old.beat()
+    s.controller.step()
+    assert s.job(job).state == "preempted"
+    # Slurm runs it again (round 1) before the controller has seen the requeue; the last
+    # round's agent, not yet gone, still reports its notice.
+    s.allocate(job, ["node2"], round_=1)
+    assert s.start(job) == ["node2"]
+    old.beat()
+    info = s.job(job)
+    assert info.state == "running" and len(info.attempts) == 2, info.reason
+
+
 def test_a_job_slurm_held_after_a_failed_launch_is_released(s: Slurmish) -> None:
     job = s.submit(2)
     held = ExternalJob("101", "PENDING", "launch failed requeued held")

@@ -1,10 +1,11 @@
 """A real multi-node Slurm for the test session, run by ``scripts/slurm-ci``.
 
 The session fixture ``slurm`` starts a private cluster (``node1..node4``, 8 CPUs each,
-partitions ``debug`` (default) and ``high``) in a directory of its own, points
-``SLURM_CONF`` at it for the session, and stops and removes it at the end, also when tests
-fail. If Slurm cannot be installed or started the fixture fails with the script's output:
-CI runs as root, so a missing Slurm is a broken set-up, not a reason to skip.
+partitions ``debug`` (default), ``high`` and ``low``, whose jobs ``high`` preempts) in a
+directory of its own, points ``SLURM_CONF`` at it for the session, and stops and removes it
+at the end, also when tests fail. If Slurm cannot be installed or started the fixture fails
+with the script's output: CI runs as root, so a missing Slurm is a broken set-up, not a
+reason to skip.
 
 Slurm 22.05 has no ``scontrol --json``: jobs come from ``squeue --json`` (which lists finished
 jobs too, for MinJobAge=300 s, and ignores ``-j``/``-t``), nodes from ``sinfo --json`` (which
@@ -39,6 +40,9 @@ JOB_ENDED = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "PREEMPTED"}
 )
 
+
+PREEMPT_GRACE_S = 30
+"""Slurm's GraceTime for partition ``low``: its notice -> SIGTERM, SIGKILL and requeue."""
 
 SLACK = 6
 """How much longer than on an idle machine Slurm may take on a busy one. Slurm's timers run
@@ -354,7 +358,8 @@ def slurm() -> Iterator[SlurmCI]:
     # socket paths under it must stay below 108 bytes.
     cluster_dir = Path(f"/tmp/trainpod-slurm-ci-{os.getpid()}")
     try:
-        up = run_script("up", "--dir", str(cluster_dir))
+        # Partition `low` is preemptible (by `high`, REQUEUE, GraceTime); debug/high are not.
+        up = run_script("up", "--preempt-grace", str(PREEMPT_GRACE_S), "--dir", str(cluster_dir))
         if up.returncode != 0:
             pytest.fail(
                 f"scripts/slurm-ci up failed (exit {up.returncode}):\n{up.stdout}", pytrace=False

@@ -44,6 +44,9 @@ instance_groups:
 partitions:
   - {{name: debug, groups: [workers], default: true}}
   - {{name: high, groups: [workers]}}
+  - {{name: low, groups: [workers]}}
+preemption:
+  grace_s: 15
 health:
   heartbeat_interval_s: 0.5
   heartbeat_timeout_s: 5

@@ -10,8 +10,9 @@ import pytest
 
 from trainpod.errors import SpecError
 from trainpod.slurm.batch import BatchRequest, render
-from trainpod.slurm.cli import parse_job, parse_node
+from trainpod.slurm.cli import Slurm, parse_job, parse_node
 from trainpod.slurm.conf import render_conf
+from trainpod.slurm.ops import SlurmOps, SlurmSite
 from trainpod.spec.job import JobSpec
 from trainpod.spec.loading import parse_cluster_spec
 
@@ -135,3 +136,42 @@ def test_slurm_json_is_parsed_as_22_05_prints_it() -> None:
     done = parse_job({"job_id": 3, "job_state": "COMPLETED", "state_reason": "None",
                       "nodes": "node[1-2]"})  # fmt: skip
     assert done.ended and done.nodes == ("node1", "node2") and done.reason == ""
+
+
+def test_a_preemption_notice_is_asked_of_slurm_and_trapped_in_the_batch_shell(
+    tmp_path: Path,
+) -> None:
+    text = render(_request(notice_signal="USR1", notice_lead_s=20))
+    lines = text.splitlines()
+    assert "#SBATCH --signal=B:USR1@20" in lines and "#SBATCH --requeue" in lines
+    trap = next(line for line in lines if line.startswith("trap "))
+    assert trap.endswith(" USR1") and "$TRAINPOD_SLURM_NOTICE" in trap
+    notice = next(line for line in lines if "TRAINPOD_SLURM_NOTICE=" in line)
+    assert notice.startswith("export TRAINPOD_SLURM_NOTICE=/s/jobs/7")
+    assert "${SLURM_RESTART_COUNT:-0}" in notice  # one file per round: never the last one's
+    assert (
+        lines.index(notice)
+        < lines.index(trap)
+        < next(i for i, line in enumerate(lines) if line.startswith("  srun "))
+    )
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    plain = render(_request()).splitlines()
+    assert not any(line.startswith(("trap ", "#SBATCH --signal")) for line in plain)
+
+
+def test_batch_jobs_ask_for_the_notice_and_salloc_jobs_do_not(tmp_path: Path) -> None:
+    site = SlurmSite(
+        cluster="c",
+        state_dir=tmp_path / "state",
+        jobs_dir=tmp_path / "jobs",
+        groups={"low": "workers"},
+        notice_signal="USR1",
+        notice_lead_s=15,
+    )
+    ops = SlurmOps(Slurm({}), site)
+    batch = ops.render(3, JobSpec(command=["train"], nodes=1))
+    assert "#SBATCH --signal=B:USR1@15" in batch.splitlines()
+    alloc = ops.render(4, JobSpec(command=["train"], nodes=1, interactive=True))
+    assert "--signal" not in alloc and "trap " not in alloc  # salloc: no batch shell

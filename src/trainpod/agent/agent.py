@@ -23,6 +23,7 @@ from trainpod.agent.launcher import Launcher, Notice
 from trainpod.agent.lifecycle import LifecycleRunner
 from trainpod.agent.monitor import DeepChecker, HealthMonitor
 from trainpod.agent.persisters import CheckpointHub
+from trainpod.agent.slurmnotice import SlurmNoticeWatch
 from trainpod.api.models import AttemptReport, Heartbeat, Orders
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import ControllerUnavailable, TrainpodError
@@ -51,6 +52,7 @@ class Agent:
         launcher: Launcher | None = None,
         allocation: dict[str, Any] | None = None,
         checkpoints: CheckpointHub | None = None,
+        slurm_notice: SlurmNoticeWatch | None = None,
     ) -> None:
         """``facts`` is a zero-argument callable returning the node's current facts.
 
@@ -78,6 +80,7 @@ class Agent:
         self._checkpoints = checkpoints  # agent-owned checkpoint persistence (None: off)
         # Slurm: {"allocation": job id, "allocation_round": restarts, "group", "devices"}.
         self._allocation = dict(allocation or {})
+        self._slurm_notice = slurm_notice  # Slurm's preemption notice (the batch trap's file)
         self.exit_code = 0
 
     def notify(self) -> None:
@@ -106,6 +109,7 @@ class Agent:
             time=time.time(),
             checkpoints=ckpts,
             checkpoint_uploads=hub.uploads() if hub is not None else [],
+            preempted_at=self._slurm_notice.preempted_at if self._slurm_notice else None,
             **self._allocation,
         )
         try:
@@ -198,6 +202,13 @@ class Agent:
             threading.Thread(target=self._lifecycle.run, name="lifecycle", daemon=True),
             threading.Thread(target=self._report_loop, name="reporter", daemon=True),
         ]
+        if self._slurm_notice is not None:
+            watch = self._slurm_notice.run
+            threads.append(
+                threading.Thread(
+                    target=watch, args=(self.stopping,), name="slurm-notice", daemon=True
+                )
+            )
         for t in threads:
             t.start()
         if self._health is not None:

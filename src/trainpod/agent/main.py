@@ -16,10 +16,12 @@ from trainpod.agent.beacons import BeaconServer
 from trainpod.agent.chaos import ChaosExecutor
 from trainpod.agent.checks import build_checks
 from trainpod.agent.facts import device_facts, node_facts
-from trainpod.agent.launcher import Launcher, ignore_notice_signal
+from trainpod.agent.launcher import Launcher, Notice, ignore_notice_signal
 from trainpod.agent.lifecycle import LifecycleRunner, Script
 from trainpod.agent.monitor import DeepChecker, HealthMonitor, deep_runner
 from trainpod.agent.persisters import CheckpointHub
+from trainpod.agent.slurmnotice import ENV as SLURM_NOTICE_ENV
+from trainpod.agent.slurmnotice import SlurmNoticeWatch
 from trainpod.agent.warmstart import WarmStarter
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import NotFound
@@ -38,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group", help="Slurm: the instance group this node belongs to")
     args = parser.parse_args(argv)
     slurm = slurm_allocation(args)
+    slurm_notice_file = os.environ.pop(SLURM_NOTICE_ENV, None)  # the batch script's trap
     args.node = args.node or os.environ.get("SLURMD_NODENAME")
     if not args.node:
         parser.error("--node is required outside a Slurm job ($SLURMD_NODENAME is not set)")
@@ -147,6 +150,15 @@ def main(argv: list[str] | None = None) -> None:
         controller=(record.host, record.port),
         reference=lambda: agent.controller_time() if agent else None,
     )
+    slurm_notice = None
+    if slurm is not None and slurm_notice_file:
+        slurm_notice = SlurmNoticeWatch(
+            Path(slurm_notice_file),
+            Notice(notice_signal, spec.preemption.grace_s, "preempted by Slurm"),
+            launcher,
+            teardown_grace_s=spec.recovery.teardown_grace_s,
+            on_notice=on_change,
+        )
     monitor = HealthMonitor(checks, interval_s=spec.health.check_interval_s, on_change=on_change)
     agent = Agent(
         node=args.node,
@@ -170,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
         allocation=slurm,
         checkpoints=hub,
+        slurm_notice=slurm_notice,
     )
 
     def stop(signum: int, _frame: FrameType | None) -> None:

@@ -149,6 +149,10 @@ class Heartbeat(_Model):
     )
     allocation_round: int = Field(default=0, description="Slurm: the job's restart count")
     external_id: str | None = Field(default=None, description="Slurm: SLURM_JOB_ID")
+    preempted_at: float | None = Field(
+        default=None,
+        description="Slurm: when Slurm's preemption notice reached this agent's allocation",
+    )
     group: str | None = Field(default=None, description="the node's group (Slurm nodes)")
     devices: int | None = Field(default=None, description="the node's devices (Slurm nodes)")
 

@@ -9,6 +9,7 @@ cluster so every Slurm command the controller runs talks to the same Slurm.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from trainpod.backends.base import ControllerParts, ProcessStatus, register
 from trainpod.backends.local import CONTROLLER, LocalBackend
 from trainpod.controller.config import ControllerConfig
 from trainpod.errors import Conflict, SpecError
+from trainpod.notice import parse_signal
 from trainpod.paths import ClusterRecord
 from trainpod.slurm.cli import Slurm, SlurmError
 from trainpod.slurm.ops import SlurmOps, SlurmSite
@@ -86,6 +88,9 @@ class SlurmBackend(LocalBackend):
             groups={p: groups[0] for p, groups in config.partitions.items()},
             env=(("PYTHONUNBUFFERED", "1"),),
             sbatch_options=spec.slurm.sbatch_options if spec.slurm else (),
+            # Slurm's preemption notice (``--signal=B:USR1@lead``) becomes trainpod's.
+            notice_signal=parse_signal(spec.preemption.signal).name.removeprefix("SIG"),
+            notice_lead_s=max(1, math.ceil(spec.preemption.grace_s)),
         )
         ops = SlurmOps(Slurm(record.env), site)
         return ControllerParts(scheduling=slurm_scheduling(ops), ops=ops)

@@ -84,6 +84,11 @@ class Scheduling:
         """Allocation bookkeeping of an agent's beat; returns the node as it is now."""
         return node
 
+    def preempted(self, hb: Heartbeat) -> bool:
+        """Whether the external scheduler preempts the allocation this agent serves (its
+        notice reached the agent, which gave it to its ranks)."""
+        return False
+
     def leave_code(self, row: NodeRow | None) -> int | None:
         """The exit code an agent must leave with (its job is over), or None to stay."""
         return None

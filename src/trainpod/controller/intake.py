@@ -29,6 +29,7 @@ from trainpod.model.events import (
     RankStarted,
 )
 from trainpod.model.states import NodeState, RankState
+from trainpod.scheduler.base import Preempt
 from trainpod.store.repo import Store
 from trainpod.store.rows import NodeRow
 
@@ -57,6 +58,7 @@ class HeartbeatIngest:
     def apply(self, hb: Heartbeat, now: float) -> None:
         node, new_agent = self._identify(hb, now)
         node = self.scheduling.heartbeat(node, hb, now)
+        self._preempted_externally(node, hb, now)
         self._node_state(node, hb, now)
         self._beacons(hb, now)
         self.checkpoints.record(self.store, hb, now)
@@ -73,6 +75,18 @@ class HeartbeatIngest:
         self.chaos.acknowledged(node.name, hb.chaos_done)
 
     # -- the steps ------------------------------------------------------------------------
+    def _preempted_externally(self, node: NodeRow, hb: Heartbeat, now: float) -> None:
+        """The external scheduler (Slurm) preempts the allocation this agent runs in: the
+        job's attempt stops as a preemption (its ranks have the notice from their agent),
+        before any exit in this beat is judged, so the job waits as ``preempted``."""
+        if node.allocation is None or not self.scheduling.preempted(hb):
+            return
+        attempt = self.tx.active_attempt(node.allocation)
+        if attempt is None or attempt.state.ended:
+            return
+        why = "preempted by Slurm (its nodes are wanted by a job of a higher tier)"
+        self.executor.preempt(Preempt(node.allocation, why, self.cfg.preemption.grace_s), now)
+
     def _identify(self, hb: Heartbeat, now: float) -> tuple[NodeRow, bool]:
         """The node the agent reports for, with its identity recorded; True: a new agent."""
         node = self.store.node(hb.node) or self.scheduling.unknown_node(hb, now)

@@ -5,10 +5,23 @@ Slurm places the job (partition, priority, time, dependencies); inside the alloc
 agents do. The controller then launches the workers on the first ``nodes`` of them; the
 rest (``--spares K``) are hot spares inside the allocation. The script is deterministic
 for a given input, so ``trainpod submit --dry-run`` output can be golden-tested.
+
+Slurm's own preemption (``PreemptMode=REQUEUE`` with ``GraceTime`` and
+``SlurmctldParameters=preempt_send_user_signal``; 23.02+: ``PreemptParameters=send_user_signal``)
+sends the job's ``--signal=B:SIG@LEAD`` to the batch shell when the job is chosen, then
+SIGTERM and SIGKILL when the grace is over, and requeues it (``--requeue``). The script traps
+the signal (bash would otherwise die of it) and writes the allocation's notice file
+(``TRAINPOD_SLURM_NOTICE``, one per Slurm job and restart; whole or absent); every agent of
+the allocation watches for it, gives its ranks trainpod's notice and reports it, so the
+controller records a preemption rather than lost nodes. A file, not a signal forwarded to
+the agents: the agents ignore the notice signal (their ranks inherit SIG_IGN, ADR 0013).
+Without ``preempt_send_user_signal`` Slurm sends SIGTERM at once instead: the agents then
+stop their ranks as on any SIGTERM (no notice).
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 
@@ -32,6 +45,10 @@ class BatchRequest:
     dependency: str | None = None
     exclude: tuple[str, ...] = ()
     priority: int | None = None
+    notice_signal: str | None = None
+    """The signal Slurm sends the batch shell on preemption (``USR1``); None: none asked."""
+    notice_lead_s: int = 30
+    """``--signal``'s lead: also sent this long before ``--time`` runs out."""
     extra: tuple[str, ...] = field(default=())
     """Further ``sbatch`` options verbatim (``--account=x``), for sites that need them."""
 
@@ -56,6 +73,8 @@ class BatchRequest:
             "--open-mode=append",
             f"--output={self.output}",
         ]
+        if self.notice_signal is not None:
+            opts.append(f"--signal=B:{self.notice_signal}@{self.notice_lead_s}")
         if self.time_limit is not None:
             opts.append(f"--time={self.time_limit}")
         if self.nice is not None:
@@ -84,6 +103,7 @@ def render(req: BatchRequest) -> str:
         "set -euo pipefail",
         *(f"export {k}={shlex.quote(v)}" for k, v in req.env),
         f"export TRAINPOD_ALLOCATION={req.job_id}",
+        *_notice_trap(req),
         'echo "trainpod: allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST'
         ' (restart ${SLURM_RESTART_COUNT:-0})"',
         # One step per node, each --no-kill: a node that dies ends only its own step (Slurm
@@ -95,9 +115,35 @@ def render(req: BatchRequest) -> str:
         "    " + " ".join(shlex.quote(a) for a in req.agent_argv) + " &",
         '  pids+=("$!")',
         "done",
+        # A trapped signal ends `wait` early (status > 128): wait again while it runs.
         "status=1",
-        'for pid in "${pids[@]}"; do wait "$pid" && status=0; done',
+        'for pid in "${pids[@]}"; do',
+        "  while :; do",
+        '    rc=0 && wait "$pid" || rc=$?',
+        '    [ "$rc" -gt 128 ] && kill -0 "$pid" 2>/dev/null || break',
+        "  done",
+        '  [ "$rc" -ne 0 ] || status=0',
+        "done",
         'exit "$status"',
         "",
     ]
     return "\n".join(lines)
+
+
+def notice_path(output: str) -> str:
+    """The allocation's notice file (a bash word): next to the job's Slurm output, one per
+    Slurm job id and restart, so a requeued job's agents never read the last round's."""
+    folder = shlex.quote(os.path.dirname(output) or ".")
+    return folder + '"/slurm-notice-${SLURM_JOB_ID}.${SLURM_RESTART_COUNT:-0}"'
+
+
+def _notice_trap(req: BatchRequest) -> list[str]:
+    if req.notice_signal is None:
+        return []
+    return [
+        f"export TRAINPOD_SLURM_NOTICE={notice_path(req.output)}",
+        "# Slurm's preemption notice: tell the agents (a file; see trainpod.slurm.batch).",
+        'trap \'echo "trainpod: Slurm preemption notice ($(date +%s))";'
+        ' date +%s >"$TRAINPOD_SLURM_NOTICE.tmp"'
+        ' && mv -f "$TRAINPOD_SLURM_NOTICE.tmp" "$TRAINPOD_SLURM_NOTICE"\' ' + req.notice_signal,
+    ]

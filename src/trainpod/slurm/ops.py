@@ -38,6 +38,9 @@ class SlurmSite:
     python: str = sys.executable
     env: tuple[tuple[str, str], ...] = ()
     sbatch_options: tuple[str, ...] = ()
+    notice_signal: str | None = None
+    """Slurm's ``--signal`` for a preemption notice (``USR1``; the spec's ``preemption``)."""
+    notice_lead_s: int = 30
 
 
 class SlurmOps(ClusterOps):
@@ -75,6 +78,9 @@ class SlurmOps(ClusterOps):
             dependency=spec.dependency,
             exclude=tuple(spec.exclude),
             priority=spec.priority,
+            # salloc (`trainpod alloc`) has no batch shell to signal and never requeues.
+            notice_signal=None if spec.interactive else s.notice_signal,
+            notice_lead_s=s.notice_lead_s,
             extra=s.sbatch_options,
         )
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from trainpod.api.models import Heartbeat, LaunchPlan
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.external import Scheduling
+from trainpod.controller.judge import CAUSE_PREEMPTED
 from trainpod.controller.ops import ClusterOps, Observed
 from trainpod.controller.transitions import HELD_NODE_STATES, Transitions
 from trainpod.errors import SpecError, TrainpodError
@@ -64,6 +65,9 @@ class SlurmScheduling(Scheduling):
         self._reaped: set[int] = set()  # jobs whose orphaned Slurm job was cancelled
         self._released: set[tuple[int, str]] = set()  # Slurm holds already released
         self._unresumed: set[str] = set()  # nodes whose resume in Slurm failed: retried
+        self._preempted_agents: set[str] = set()
+        """Agents whose allocation Slurm preempts: nothing starts on them again."""
+        self._rounds: dict[int, int] = {}  # job -> the newest allocation round heard from
 
     def _call(
         self,
@@ -149,6 +153,11 @@ class SlurmScheduling(Scheduling):
         stale = self._stale_allocation(hb.allocation, hb.allocation_round)
         if stale:
             self._stale_agents.add(hb.agent_id)
+        if hb.allocation is not None and not stale:
+            newest = max(self._rounds.get(hb.allocation, 0), hb.allocation_round)
+            self._rounds[hb.allocation] = newest
+            if hb.preempted_at is not None:
+                self._preempted_agents.add(hb.agent_id)
         alloc = None if hb.leaving or stale else hb.allocation
         owner = self.store.job(alloc) if alloc is not None else None
         if owner is not None and not owner.external and hb.external_id:
@@ -159,6 +168,13 @@ class SlurmScheduling(Scheduling):
                 self.store.append(now, NodeAllocated(node=node.name, job_id=alloc))
             node = self.tx.node(node.name)
         return node
+
+    def preempted(self, hb: Heartbeat) -> bool:
+        """Slurm preempts this agent's allocation: its batch trap's notice reached it. Not
+        an older round's agent (its requeue not seen yet): its notice is not the new one's."""
+        if hb.allocation is None or hb.agent_id not in self._preempted_agents:
+            return False
+        return hb.allocation_round >= self._rounds.get(hb.allocation, 0)
 
     def leave_code(self, row: NodeRow | None) -> int | None:
         """An allocation agent whose job ended (or was requeued) exits with this."""
@@ -175,6 +191,7 @@ class SlurmScheduling(Scheduling):
 
     def slot(self, node: NodeRow) -> NodeSlot:
         free = node.state is NodeState.IDLE and not node.drained and node.job_id is None
+        free = free and node.agent_id not in self._preempted_agents  # Slurm takes it back
         return NodeSlot(node.name, node.group, free, node.allocation)
 
     def allocation_gone(self, node: NodeRow, now: float) -> bool:
@@ -341,9 +358,19 @@ class SlurmScheduling(Scheduling):
                 )
 
     def _requeued_by_slurm(self, job: JobRow, restarts: int, now: float) -> None:
-        """Slurm requeued the job itself (its batch host failed: NODE_FAIL with --requeue).
-        The running attempt is gone with the allocation; the job waits for the new one."""
-        reason = "Slurm requeued the job (a node of its allocation failed)"
+        """Slurm requeued the job itself: its batch host failed (NODE_FAIL with --requeue),
+        or Slurm preempted it (PreemptMode=REQUEUE; the agents reported the notice, so the
+        attempt is stopping or ended as a preemption). The running attempt is gone with the
+        allocation; the job waits for the new one (as ``preempted`` after a preemption)."""
+        live = self.tx.active_attempt(job.id)
+        preempted = job.state is JobState.PREEMPTED or (
+            live is not None and live.cause == CAUSE_PREEMPTED
+        )
+        reason = (
+            "Slurm preempted and requeued the job"
+            if preempted
+            else "Slurm requeued the job (a node of its allocation failed)"
+        )
         self._end_attempts(job, cancelled=False, now=now)
         for node in self.store.nodes():
             if node.allocation == job.id:
@@ -356,8 +383,12 @@ class SlurmScheduling(Scheduling):
                 JobRequeued(job_id=job.id, external_id=job.external, by="slurm", reason=reason),
             )
         job = self.tx.job(job.id)
-        if job.state is JobState.QUEUED:
+        if job.state is JobState.QUEUED or job.state is JobState.PREEMPTED:
             self.store.update_job(job.id, now, reason=reason)
+            return
+        if preempted and job.state in (JobState.STOPPING, JobState.RECOVERING):
+            self.tx.release_all(job.id, now)  # its ranks had not all exited: no fault
+            self.tx.set_job(job, JobState.PREEMPTED, now, reason=reason)
             return
         if job.state is not JobState.RECOVERING:
             if job.state in (JobState.RUNNING, JobState.STARTING):

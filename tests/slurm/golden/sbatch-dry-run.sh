@@ -11,6 +11,7 @@
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output=$STATE/jobs/0/slurm-%j.out
+#SBATCH --signal=B:USR1@15
 #SBATCH --time=30:00
 #SBATCH --nice=10
 #SBATCH --dependency=afterok:1
@@ -19,6 +20,9 @@
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 export TRAINPOD_ALLOCATION=0
+export TRAINPOD_SLURM_NOTICE=$STATE/jobs/0"/slurm-notice-${SLURM_JOB_ID}.${SLURM_RESTART_COUNT:-0}"
+# Slurm's preemption notice: tell the agents (a file; see trainpod.slurm.batch).
+trap 'echo "trainpod: Slurm preemption notice ($(date +%s))"; date +%s >"$TRAINPOD_SLURM_NOTICE.tmp" && mv -f "$TRAINPOD_SLURM_NOTICE.tmp" "$TRAINPOD_SLURM_NOTICE"' USR1
 echo "trainpod: allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST (restart ${SLURM_RESTART_COUNT:-0})"
 pids=()
 for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
@@ -27,5 +31,11 @@ for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
   pids+=("$!")
 done
 status=1
-for pid in "${pids[@]}"; do wait "$pid" && status=0; done
+for pid in "${pids[@]}"; do
+  while :; do
+    rc=0 && wait "$pid" || rc=$?
+    [ "$rc" -gt 128 ] && kill -0 "$pid" 2>/dev/null || break
+  done
+  [ "$rc" -ne 0 ] || status=0
+done
 exit "$status"
