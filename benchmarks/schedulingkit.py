@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -193,6 +193,7 @@ class Attempt:
     steps: list[tuple[int, float]] = field(default_factory=list)
     notice_t: float | None = None
     saved_step: int | None = None
+    saved_t: float | None = None
     done: bool = False
     last_t: float = 0.0
 
@@ -243,6 +244,7 @@ def parse_log(lines: Iterable[str]) -> list[Attempt]:
             a.notice_t = t
         elif kind == "saved":
             a.saved_step = step
+            a.saved_t = t
         elif kind == "done":
             a.done = True
         else:
@@ -392,6 +394,8 @@ class Preemption:
     lost_s: float
     """Seconds from completing the step the next attempt resumed from to this attempt's end:
     the work done again (a step cut off by a kill is counted too, up to the kill)."""
+    stall_s: float | None
+    """Notice -> checkpoint written (None: no save on a notice)."""
     preemptor: int | None
     notice_to_preemptor_step_s: float | None
     """Notice (or end, without one) -> the first step of the job that took its nodes."""
@@ -435,6 +439,9 @@ def preemptions(outcomes: Sequence[JobOutcome]) -> list[Preemption]:
                     resumed_step=resumed,
                     lost_steps=lost_steps,
                     lost_s=max(0.0, a.last_t - done_at),
+                    stall_s=(
+                        None if a.notice_t is None or a.saved_t is None else a.saved_t - a.notice_t
+                    ),
                     preemptor=None if best is None else best[1],
                     notice_to_preemptor_step_s=None if best is None else best[0] - told,
                 )
@@ -457,10 +464,21 @@ def stats(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+TOLERANCE_S = 0.01
+"""Slack on "work lost <= stall + grace": the worker sees a notice at its next step boundary
+and the log has the time of each line, so a save at once loses the stall plus microseconds."""
+
+
+def within_target(p: Preemption, grace_s: float) -> bool:
+    """Work lost <= one checkpoint stall (this save on the notice, if any) + the grace."""
+    return p.lost_s <= (p.stall_s or 0.0) + grace_s + TOLERANCE_S
+
+
 def replay_metrics(
-    outcomes: Sequence[JobOutcome], params: TraceParams, end_t: float
+    outcomes: Sequence[JobOutcome], params: TraceParams, end_t: float, grace_s: float = 0.0
 ) -> dict[str, object]:
-    """Every figure of one replay, from its outcomes (identical for both sides)."""
+    """Every figure of one replay, from its outcomes (identical for both sides); ``grace_s``:
+    the side's grace period, for the work-lost target."""
     waiting = waiting_intervals(outcomes, end_t)
     busy = busy_intervals(outcomes)
     t0 = min(o.submitted_t for o in outcomes)
@@ -488,9 +506,12 @@ def replay_metrics(
         "jain_team_shares": jain(list(shares.values())) if windows else float("nan"),
         "preemptions": len(pre),
         "preemptions_with_notice": len(noticed),
+        "preemptions_within_target": sum(within_target(p, grace_s) for p in pre),
         "lost_s": stats([p.lost_s for p in pre]),
+        "stall_s": stats([p.stall_s for p in pre if p.stall_s is not None]),
         "lost_steps": stats([float(p.lost_steps) for p in pre]),
         "notice_to_preemptor_step_s": stats(
             [p.notice_to_preemptor_step_s for p in pre if p.notice_to_preemptor_step_s is not None]
         ),
+        "preemption_list": [asdict(p) for p in pre],
     }

@@ -22,6 +22,7 @@ from benchmarks.schedulingkit import (
     stats,
     utilisation_while_waiting,
     waiting_intervals,
+    within_target,
 )
 
 
@@ -151,6 +152,10 @@ def test_a_preemption_with_notice_loses_only_the_save() -> None:
     assert p.lost_s == pytest.approx(0.6)  # step 3 at 103.0 -> attempt's end 103.6
     assert p.preemptor == 1
     assert p.notice_to_preemptor_step_s == pytest.approx(1.0)
+    assert p.stall_s == pytest.approx(0.1)  # notice 103.5 -> saved 103.6
+    # lost 0.6 s: more than the stall alone, within the stall and a 0.5 s grace
+    assert not within_target(p, grace_s=0.0)
+    assert within_target(p, grace_s=0.5)
 
 
 def test_a_kill_without_notice_loses_the_steps_since_the_checkpoint() -> None:
@@ -163,6 +168,8 @@ def test_a_kill_without_notice_loses_the_steps_since_the_checkpoint() -> None:
     (p,) = preemptions([JobOutcome(_job(0), 0.0, [killed, again]), other])
     assert (p.lost_steps, p.notice_t, p.preemptor) == (2, None, None)
     assert p.lost_s == pytest.approx(2.4)  # step 4 done at 4.0, killed at 6.4
+    assert p.stall_s is None
+    assert not within_target(p, grace_s=2.0)
 
 
 def test_waiting_includes_requeue_and_never_started_jobs() -> None:
@@ -177,9 +184,10 @@ def test_replay_metrics_of_a_tiny_replay() -> None:
     victim = JobOutcome(_job(0), 99.0, parse_log(LOG.splitlines()))
     high = Attempt(103.8, 0, ("node1",), [(1, 104.5)], last_t=106.0, done=True)
     preemptor = JobOutcome(_job(1, "high", "nlp"), 103.0, [high])
-    m = replay_metrics([victim, preemptor], params, end_t=120.0)
+    m = replay_metrics([victim, preemptor], params, end_t=120.0, grace_s=0.5)
     assert m["completed"] == 2
     assert m["preemptions"] == m["preemptions_with_notice"] == 1
+    assert m["preemptions_within_target"] == 1
     waits = m["wait_s"]
     assert isinstance(waits, dict)
     assert waits["high"]["mean"] == pytest.approx(0.8)
