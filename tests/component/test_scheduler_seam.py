@@ -26,8 +26,9 @@ def test_queued_jobs_show_why_they_wait(cluster: Cluster) -> None:
     cluster.controller.step()
     assert cluster.job(first).state == "starting"
     assert cluster.job(first).reason == ""
-    assert cluster.job(second).reason == "waiting for nodes: needs 2, 0 idle in its partition"
-    assert cluster.job(third).reason == f"behind job {second}, first in line for these nodes"
+    assert cluster.job(second).reason == "waiting for nodes: needs 2, 0 idle in partition default"
+    assert cluster.job(third).reason == "waiting for nodes: needs 1, 0 idle in partition default"
+    assert [cluster.job(j).queue_position for j in (first, second, third)] == [None, 1, 2]
     assert [j.reason for j in cluster.controller.job_infos(include_ended=False)][1:] == [
         cluster.job(second).reason,
         cluster.job(third).reason,

@@ -239,3 +239,22 @@ def test_multi_node_restarts_read_other_nodes_parts_from_peer_copies(tmp_path: P
     replaced = [json.loads((tmp_path / f"replaced-{r}.json").read_text()) for r in range(4)]
     assert replaced[0] == replaced[1] == "memory+peer", replaced
     assert replaced[2] == replaced[3] == "peer+durable", replaced  # n0's copy was on n1
+
+
+def _agree_on_notice(rank: int, world: int, port: int, root: Path) -> None:
+    import torch.distributed as dist
+
+    from trainpod.notice import ENV_FILE, NoticeWatcher
+
+    w = NoticeWatcher({ENV_FILE: str(root / f"notice-{rank}.json")})
+    assert not w.preempted(sync=True)
+    if rank == 0:  # only rank 0's node has had its notice
+        (root / "notice-0.json").write_text("{}")
+    dist.barrier()
+    assert w.preempted() is (rank == 0)
+    assert w.preempted(sync=True)  # every rank agrees, so all stop at this step
+    assert w.preempted()  # and stays stopped: later calls agree without another notice
+
+
+def test_ranks_agree_on_a_notice_only_one_of_them_has_seen(tmp_path: Path) -> None:
+    run_ranks(_agree_on_notice, 2, tmp_path)

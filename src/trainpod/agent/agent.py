@@ -153,8 +153,8 @@ class Agent:
             if self._checkpoints is not None and orders.active_jobs is not None:
                 self._checkpoints.retain(set(orders.active_jobs))
             for kill in orders.kill:
-                log.info("order: kill attempt %d (%s)", kill.attempt_id, kill.reason)
-                self.launcher.kill(kill.attempt_id, kill.grace_s, notice=Notice.of(kill))
+                if self.launcher.kill(kill.attempt_id, kill.grace_s, notice=Notice.of(kill)):
+                    log.info("order: kill attempt %d (%s)", kill.attempt_id, kill.reason)
             if self._deep is not None:
                 self._deep.order(orders.deep_check)
             if self._chaos is not None and orders.chaos:

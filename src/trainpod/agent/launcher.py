@@ -279,18 +279,20 @@ class Launcher:
         self._on_change()
 
     # -- stopping -----------------------------------------------------------------------
-    def kill(self, attempt_id: int, grace_s: float, notice: Notice | None = None) -> None:
+    def kill(self, attempt_id: int, grace_s: float, notice: Notice | None = None) -> bool:
         """SIGTERM every live rank of the attempt, SIGKILL what is left after ``grace_s``;
         with a ``notice``, first the notice (file, then signal) and its grace period.
 
-        Returns at once; the escalation runs in a thread. Idempotent.
+        Returns at once (True if this call began the teardown); the escalation runs in a
+        thread. Idempotent.
         """
         with self._lock:
             run = self._runs.get(attempt_id)
             if run is None or run.killing or not run.running:
-                return
+                return False
             run.killing = True
         threading.Thread(target=self._stop, args=(run, grace_s, notice), daemon=True).start()
+        return True
 
     def _stop(self, run: AttemptRun, grace_s: float, notice: Notice | None) -> None:
         if notice is not None:

@@ -145,7 +145,8 @@ def create_app(
     def preempt(job_id: int, who: Caller, req: PreemptRequest | None = None) -> JobInfo:
         """Admins: stop a running job with a preemption notice and queue it again."""
         controller.authorize(who, Action.PREEMPT, job_id)
-        controller.preempt(job_id, req.reason if req is not None else "")
+        req = req or PreemptRequest()
+        controller.preempt(job_id, req.reason, req.grace_s)
         return controller.job_info(job_id)
 
     @app.get("/v1/jobs/{job_id}/logs", response_model=LogChunk)

@@ -295,6 +295,12 @@ class JobInfo(_Model):
     progress: dict[str, Any] | None = Field(
         default=None, description="the running attempt's progress beacons, summarised"
     )
+    queue_position: int | None = Field(
+        default=None, description="waiting jobs: 1-based place in scheduling order"
+    )
+    estimated_start: float | None = Field(
+        default=None, description="waiting jobs: when it is expected to start, if known"
+    )
 
 
 class EventInfo(_Model):
@@ -346,6 +352,9 @@ class NodeAction(_Model):
 
 class PreemptRequest(_Model):
     reason: str = Field(default="", description="why: shown as the job's reason and event")
+    grace_s: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="notice → teardown (default: spec)"
+    )
 
 
 class ChaosRequest(_Model):

@@ -159,6 +159,12 @@ def print_job(job: JobInfo) -> None:
     console.print(f"  runtime    {duration(job.started_at, job.ended_at)}")
     if job.reason:
         console.print(f"  reason     {job.reason}")
+    if job.queue_position is not None:
+        start = job.estimated_start
+        when = time.strftime("%H:%M:%S", time.localtime(start)) if start else "not known yet"
+        console.print(f"  queue      position {job.queue_position}, expected start {when}")
+    if s.priority_class or s.team:
+        console.print(f"  priority   {s.priority_class or '-'} (team {s.team or '-'})")
     for a in job.attempts:
         cause = _cause(a)
         console.print(

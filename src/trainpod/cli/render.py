@@ -91,32 +91,49 @@ def nodes_table(nodes: list[NodeInfo]) -> Table:
     return t
 
 
+def queue_order(jobs: list[JobInfo]) -> list[JobInfo]:
+    """Jobs that hold nodes or ended, by id; then the waiting ones in scheduling order (as
+    the scheduler's last pass ranked them), as squeue lists pending jobs by priority."""
+    waiting = [j for j in jobs if j.queue_position is not None]
+    rest = [j for j in jobs if j.queue_position is None]
+    return rest + sorted(waiting, key=lambda j: (j.queue_position or 0, j.id))
+
+
 def jobs_table(jobs: list[JobInfo]) -> Table:
     t = Table(box=None, pad_edge=False)
     for col in (
         "JOB",
         "NAME",
         "USER",
+        "TEAM",
+        "CLASS",
         "STATE",
         "NODES",
         "ATTEMPT",
         "STEP",
         "TIME",
+        "POS",
+        "START",
         "NODELIST/REASON",
     ):
         t.add_column(col)
-    for j in jobs:
+    for j in queue_order(jobs):
         last = j.attempts[-1] if j.attempts else None
         where = ",".join(last.nodes) if last and not j.reason else j.reason.splitlines()[0:1]
+        start = j.estimated_start
         t.add_row(
             str(j.id),
             j.name,
             j.spec.user or "-",
+            j.spec.team or "-",
+            j.spec.priority_class or "-",
             styled(j.state),
             f"{j.spec.nodes}x{j.spec.procs_per_node}",
             str(last.number if last else "-"),
             str((j.progress or {}).get("last_step", "-")),
             duration(j.started_at, j.ended_at),
+            str(j.queue_position) if j.queue_position is not None else "-",
+            time.strftime("%H:%M:%S", time.localtime(start)) if start is not None else "-",
             where if isinstance(where, str) else "".join(where),
         )
     return t

@@ -131,9 +131,10 @@ class TrainpodClient:
     def cancel(self, job_id: int) -> wire.JobInfo:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel", _JOB)
 
-    def preempt(self, job_id: int, reason: str = "") -> wire.JobInfo:
-        """Preempt a running job (admins only): notice, grace, requeued as ``preempted``."""
-        body = wire.PreemptRequest(reason=reason)
+    def preempt(self, job_id: int, reason: str = "", grace_s: float | None = None) -> wire.JobInfo:
+        """Preempt a running job (admins only): notice, grace (default: the cluster spec's),
+        then queued again as ``preempted``."""
+        body = wire.PreemptRequest(reason=reason, grace_s=grace_s)
         return self._call("POST", f"/v1/jobs/{job_id}/preempt", _JOB, body=body)
 
     def logs(

@@ -235,10 +235,11 @@ class Controller:
             job = self.tx.job(job_id) if job_id is not None else None
         self.access.authorize(by, action, job)
 
-    def preempt(self, job_id: int, reason: str = "") -> JobRow:
+    def preempt(self, job_id: int, reason: str = "", grace_s: float | None = None) -> JobRow:
         """Preempt a running job by hand (an admin's), as a scheduler's ``Preempt`` would:
-        its ranks get the notice and ``preemption.grace_s``, then it waits in the queue as
-        ``preempted``. A job with nothing running raises :class:`Conflict`."""
+        its ranks get the notice and ``grace_s`` (default: the spec's ``preemption.grace_s``),
+        then it waits in the queue as ``preempted``. A job with nothing running raises
+        :class:`Conflict`."""
         now = self.clock.now()
         why = reason.strip() or "preempted by an administrator"
         with self._lock, self.store.transaction():
@@ -251,7 +252,8 @@ class Controller:
                 )
             if job.cancel_requested or attempt.state is AttemptState.STOPPING:
                 raise Conflict(f"job {job_id} is already stopping ({job.reason or 'cancel'})")
-            self.executor.preempt(Preempt(job_id, why, self.cfg.preemption.grace_s), now)
+            grace = self.cfg.preemption.grace_s if grace_s is None else grace_s
+            self.executor.preempt(Preempt(job_id, why, grace), now)
             self.wake.bump()
             return self.tx.job(job_id)
 

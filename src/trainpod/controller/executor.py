@@ -60,17 +60,17 @@ class Executor:
     tx: Transitions
     scheduling: Scheduling
     beacons: BeaconBook
-    holds: dict[int, str] = field(default_factory=dict, init=False)
+    holds: dict[int, Hold] = field(default_factory=dict, init=False)
     """Why each queued job waits, as the scheduler said on its last pass."""
 
     # -- the scheduler's decisions ------------------------------------------------------------
     def schedule(self, decisions: Iterable[SchedulerDecision], now: float) -> bool:
         """Apply one scheduling pass; True if anything changed in the store."""
         changed = False
-        holds: dict[int, str] = {}
+        holds: dict[int, Hold] = {}
         for d in decisions:
             if isinstance(d, Hold):
-                holds[d.job_id] = d.reason
+                holds[d.job_id] = d
             elif isinstance(d, Place):
                 self.tx.start_attempt(self.tx.job(d.job_id), list(d.nodes), now, d.restart_reason)
                 changed = True
@@ -158,6 +158,10 @@ class Executor:
             self.tx.set_job(job, JobState.CANCELLED, now, reason="cancelled by request")
         elif attempt.cause == CAUSE_PREEMPTED and not job.cancel_requested:
             self._requeue_preempted(job, attempt, now)
+        elif attempt.cause == judging.CAUSE_TIME_LIMIT:
+            self.tx.release_all(job.id, now)
+            reason = attempt.failure.reason or "time limit reached"
+            self.tx.set_job(self.tx.job(job.id), JobState.FAILED, now, reason=reason)
         else:
             if not verdict.failure.empty and not attempt.failure.noted:
                 self._note_fault(attempt, now)
@@ -173,7 +177,7 @@ class Executor:
     def _note_fault(self, attempt: AttemptRow, now: float) -> None:
         """Record ``fault_detected`` once per attempt, with when the fault really happened."""
         failure = attempt.failure
-        skip = (judging.CAUSE_CANCEL, CAUSE_PREEMPTED)
+        skip = (judging.CAUSE_CANCEL, CAUSE_PREEMPTED, judging.CAUSE_TIME_LIMIT)
         if failure.empty or failure.noted or attempt.cause in skip:
             return
         fault_at = failure.fault_at

@@ -12,11 +12,12 @@ from __future__ import annotations
 from trainpod.api.models import Heartbeat, LaunchPlan
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.ops import Observed
+from trainpod.controller.sharing import sharing_policy
 from trainpod.controller.transitions import Transitions
 from trainpod.errors import SpecError
 from trainpod.model.states import NodeState
 from trainpod.scheduler.base import NodeSlot, Scheduler
-from trainpod.scheduler.fifo import FifoScheduler
+from trainpod.scheduler.shared import SharedScheduler
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow, JobRow, NodeRow
@@ -35,12 +36,14 @@ class Scheduling:
         self.store = store
         self.cfg = config
         self.tx = tx
-        self.scheduler = scheduler or FifoScheduler()
+        self.scheduler = scheduler or SharedScheduler(sharing_policy(config))
 
     #: the spec's nodes exist from the start (an external scheduler's appear with agents)
     declares_nodes = True
     #: a quarantined node can be checked in place through its live agent (no re-provision)
     checks_in_place = False
+    #: trainpod stops a job that runs past its --time (an external scheduler does that itself)
+    enforces_time_limits = True
 
     # -- submission -------------------------------------------------------------------------
     def check_spec(self, spec: JobSpec, part: str, members: int, spares: int) -> None:

@@ -20,6 +20,7 @@ CAUSE_CANCEL = "cancelled"
 CAUSE_RANK_FAILED = "crash"  # a rank exited non-zero or by a signal
 CAUSE_NODE_LOST = "node_lost"
 CAUSE_PREEMPTED = "preempted"  # stopped for another job: no fault, requeued
+CAUSE_TIME_LIMIT = "time_limit"  # ran past its --time: the job ends (not the job's fault)
 RANK_EXIT_KEYS = frozenset({"rank", "node", "exit_code", "signal", "lost", "log_tail"})
 """The keys a rank's failure record always has (``exit_code`` or ``signal`` null)."""
 

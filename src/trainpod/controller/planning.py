@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.executor import Executor
 from trainpod.controller.external import Scheduling
+from trainpod.controller.sharing import Shapes
 from trainpod.controller.transitions import Transitions
-from trainpod.model.states import JobState
+from trainpod.model.states import AttemptState, JobState
 from trainpod.scheduler.base import QueuedJob, RunningJob, Snapshot
+from trainpod.scheduler.usage import UsageInterval, decayed_usage
 from trainpod.store.repo import Store
 
 
@@ -25,10 +27,13 @@ class Planner:
     tx: Transitions
     scheduling: Scheduling
     executor: Executor
-    _shapes: dict[int, tuple[int, frozenset[str]]] = field(default_factory=dict, init=False)
-    """Queued job -> (nodes, groups), parsed once per job."""
+    _shapes: Shapes = field(init=False)
+    """Queued and running jobs as the scheduler sees them, parsed once per job."""
     _planned_at: tuple[int, float | None] = field(default=(-1, None), init=False)
     """(version, wake_at) of the last pass."""
+
+    def __post_init__(self) -> None:
+        self._shapes = Shapes(self.cfg, self.tx)
 
     def due(self, now: float) -> bool:
         version, wake_at = self._planned_at
@@ -47,35 +52,67 @@ class Planner:
 
     def snapshot(self, now: float) -> Snapshot:
         queued = self.store.jobs([JobState.QUEUED, JobState.PREEMPTED])
-        ids = {j.id for j in queued}
-        for stale in set(self._shapes) - ids:
-            del self._shapes[stale]
         earlier = self.store.attempts_of_jobs([j.id for j in queued])
+        active = self.store.active_attempts()
+        jobs = {j.id: j for j in queued}
+        others = self.store.jobs_by_id([a.job_id for a in active if a.job_id not in jobs])
+        jobs.update((j.id, j) for j in others)
+        self._shapes.keep_only(set(jobs))
         queue = []
         for job in queued:
-            shape = self._shapes.get(job.id)
-            if shape is None:
-                spec = self.tx.spec(job)
-                part = spec.partition or self.cfg.default_partition
-                shape = (spec.nodes, frozenset(self.cfg.partitions.get(part, [])))
-                self._shapes[job.id] = shape
+            s = self._shapes.of(job)
             queue.append(
                 QueuedJob(
                     id=job.id,
-                    nodes=shape[0],
-                    groups=shape[1],
+                    nodes=s.nodes,
+                    groups=s.groups,
                     submitted_at=job.submitted_at,
                     requeued=f"requeued: {job.reason}" if earlier[job.id] else "",
+                    partition=s.partition,
+                    team=s.team,
+                    user=s.user,
+                    priority=s.priority,
+                    priority_class=s.priority_class,
+                    preemptible=s.preemptible,
+                    time_limit_s=s.time_limit_s,
                 )
             )
-        running = tuple(
-            RunningJob(id=a.job_id, attempt=a.id, nodes=tuple(a.nodes), started_at=a.started_at)
-            for a in self.store.active_attempts()
-        )
+        saved = self.store.last_checkpoints([a.job_id for a in active])
+        running = []
+        for a in active:
+            s = self._shapes.of(jobs[a.job_id])
+            running.append(
+                RunningJob(
+                    id=a.job_id,
+                    attempt=a.id,
+                    nodes=tuple(a.nodes),
+                    started_at=a.started_at,
+                    partition=s.partition,
+                    team=s.team,
+                    user=s.user,
+                    priority=s.priority,
+                    priority_class=s.priority_class,
+                    preemptible=s.preemptible,
+                    time_limit_s=s.time_limit_s,
+                    last_checkpoint_at=saved.get(a.job_id),
+                    stopping=a.state is AttemptState.STOPPING,
+                )
+            )
         rows = sorted(self.store.nodes(), key=self.tx.node_order)
         return Snapshot(
             now=now,
             queue=tuple(queue),
-            running=running,
+            running=tuple(running),
             nodes=tuple(self.scheduling.slot(n) for n in rows),
+            usage=self._usage(now),
+        )
+
+    def _usage(self, now: float) -> dict[str, float]:
+        """Teams' decayed node-seconds (use older than 20 half-lives counts < 1e-6)."""
+        half_life = self.cfg.fair_share_half_life_s
+        rows = self.store.usage_since(now - 20 * half_life)
+        return decayed_usage(
+            (UsageInterval(team, nodes, start, end) for team, nodes, start, end in rows),
+            now,
+            half_life,
         )

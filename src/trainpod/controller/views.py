@@ -21,6 +21,7 @@ from trainpod.controller.books import BeaconBook
 from trainpod.controller.checkpoints import CheckpointEvents
 from trainpod.controller.transitions import Transitions
 from trainpod.model.states import JobState
+from trainpod.scheduler.base import Hold
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow, JobRow, NodeRow, RankRow
@@ -39,7 +40,7 @@ class Views:
         lock: threading.RLock,
         beacons: BeaconBook,
         checkpoints: CheckpointEvents,
-        holds: Callable[[], dict[int, str]],
+        holds: Callable[[], dict[int, Hold]],
         now: Callable[[], float],
     ) -> None:
         self.store = store
@@ -132,13 +133,13 @@ class _Rows:
     jobs: list[JobRow]
     attempts: dict[int, list[AttemptRow]]
     ranks: dict[int, list[RankRow]]
-    holds: dict[int, str]
+    holds: dict[int, Hold]
     live: dict[int, dict[str, Any] | None]
 
 
 def _build(rows: _Rows) -> list[JobInfo]:
     return [
-        _job_info(j, rows.attempts[j.id], rows.ranks, rows.holds.get(j.id, ""), rows.live.get(j.id))
+        _job_info(j, rows.attempts[j.id], rows.ranks, rows.holds.get(j.id), rows.live.get(j.id))
         for j in rows.jobs
     ]
 
@@ -147,11 +148,14 @@ def _job_info(
     job: JobRow,
     attempts: list[AttemptRow],
     ranks: dict[int, list[RankRow]],
-    hold: str,
+    hold: Hold | None,
     live: dict[str, Any] | None,
 ) -> JobInfo:
     waiting = job.state in (JobState.QUEUED, JobState.PREEMPTED)
-    reason = job.reason or (hold if waiting else "")
+    hold = hold if waiting else None
+    reason = job.reason
+    if hold is not None:  # why it waits now, then why it came back to the queue (if it did)
+        reason = f"{hold.reason}; {job.reason}" if job.reason else hold.reason
     return JobInfo(
         id=job.id,
         name=job.name,
@@ -164,6 +168,8 @@ def _job_info(
         attempts=[_attempt_info(a, ranks.get(a.id, [])) for a in attempts],
         external=job.external,
         progress=live,
+        queue_position=hold.position if hold is not None else None,
+        estimated_start=hold.estimated_start if hold is not None else None,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainpod.controller import judge as judging
 from trainpod.controller import progress
 from trainpod.controller.books import BeaconBook
 from trainpod.controller.config import ControllerConfig
@@ -81,6 +82,20 @@ class Watchdog:
                 self.tx.wake.bump()
 
     # -- progress -----------------------------------------------------------------------------
+    def _past_time_limit(self, attempt: AttemptRow, spec: JobSpec, now: float) -> bool:
+        """Stop an attempt that has run past the job's --time (as Slurm's TIMEOUT)."""
+        limit = spec.time_limit_s()
+        started = attempt.started_at
+        if limit is None or started is None or not self.scheduling.enforces_time_limits:
+            return False
+        if now - started < limit:
+            return False
+        reason = f"time limit {spec.time_limit} reached (ran {now - started:.0f}s)"
+        failure = Failure(reason=reason, nodes=tuple(attempt.nodes))
+        self.executor.stop_attempt(attempt, judging.CAUSE_TIME_LIMIT, failure, now)
+        self.tx.wake.bump()
+        return True
+
     def progress(self, now: float) -> None:
         """Hangs (no beacon for hang_timeout_s) and persistent stragglers."""
         for attempt in self.store.active_attempts():
@@ -88,6 +103,8 @@ class Watchdog:
                 continue
             job = self.tx.job(attempt.job_id)
             spec = self.tx.spec(job)
+            if self._past_time_limit(attempt, spec, now):
+                continue
             book = self.beacons.of(attempt.id)
             ranks = self.store.ranks(attempt.id)
             # Ranks that exited (0: any other exit stops the attempt) stopped beaconing on

@@ -381,7 +381,8 @@ class JobFirstStart(KnownEvent):
 @_register
 @dataclass(frozen=True, kw_only=True)
 class JobPreempted(KnownEvent):
-    """The scheduler preempted the job's running attempt (it stops, then requeues)."""
+    """The scheduler (or an admin) preempted the job's running attempt: its ranks get the
+    notice, then it stops and waits in the queue as ``preempted``."""
 
     kind = "job_preempted"
     job_id: int

@@ -137,6 +137,7 @@ class Pass:
         )
         self.jobs = {q.id: q for q in snap.queue}
         self.pos_of: dict[int, int] = {}
+        self.held = 0  # jobs held so far in this pass
         self._no_nodes: dict[tuple[int, int, str], str] = {}
         self.blocked: dict[str, int] = {}  # without backfill: group -> first job waiting
         self.near: dict[frozenset[str], list[RunningJob]] = {}
@@ -176,7 +177,10 @@ class Pass:
         return Outcome(tuple(self.out), min(future) if future else None)
 
     def hold(self, job: QueuedJob, pos: int, reason: str, start: float | None = None) -> None:
-        self.out.append(Hold(job.id, reason, position=pos, estimated_start=start))
+        """``job`` waits; its position counts only the jobs that wait (1: the next to start
+        in scheduling order), not those this pass places."""
+        self.held += 1
+        self.out.append(Hold(job.id, reason, position=self.held, estimated_start=start))
 
     def block(self, job: QueuedJob) -> None:
         if self.policy.backfill:

@@ -51,6 +51,7 @@ ORPHAN_GRACE_S = 10.0
 class SlurmScheduling(Scheduling):
     declares_nodes = False
     checks_in_place = True
+    enforces_time_limits = False  # Slurm's --time
 
     def __init__(
         self, store: Store, config: ControllerConfig, tx: Transitions, ops: ClusterOps

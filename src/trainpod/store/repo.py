@@ -394,6 +394,29 @@ class Store:
         )
         return [AttemptRow.from_sql(r) for r in rows]
 
+    def usage_since(self, since: float) -> list[tuple[str, int, float, float | None]]:
+        """(team, nodes, held from, held until or None) of every attempt that held nodes
+        after ``since``: the fair-share input. The team is the job's (its spec's)."""
+        rows = self._conn.execute(
+            "SELECT json_extract(j.spec, '$.team'), json_array_length(a.nodes), a.created_at, "
+            "a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id "
+            "WHERE a.ended_at IS NULL OR a.ended_at >= ?",
+            (since,),
+        )
+        return [(str(t or ""), int(n or 0), float(c), e) for t, n, c, e in rows]
+
+    def last_checkpoints(self, job_ids: Sequence[int]) -> dict[int, float]:
+        """Job -> when its newest checkpoint was saved or committed (from the events)."""
+        if not job_ids:
+            return {}
+        marks = ",".join("?" * len(job_ids))
+        rows = self._conn.execute(
+            f"SELECT job_id, MAX(ts) FROM events WHERE job_id IN ({marks}) "
+            "AND kind IN ('checkpoint_saved', 'checkpoint_committed') GROUP BY job_id",
+            list(job_ids),
+        )
+        return {int(j): float(t) for j, t in rows}
+
     def attempts_of_jobs(self, job_ids: Sequence[int]) -> dict[int, list[AttemptRow]]:
         """Every attempt of ``job_ids`` in one query (list views), by job, oldest first."""
         out: dict[int, list[AttemptRow]] = {j: [] for j in job_ids}
