@@ -16,7 +16,8 @@ every side.
 Sides (each replay on a fresh cluster; the order rotates from run to run):
 
 * ``trainpod``: a local trainpod cluster (6 nodes, 1 device each) whose spec declares the
-  three teams (quota 2 nodes each, weight 1, lending and borrowing), their users, the
+  three teams (weight 1, lending and borrowing; quota ``--team-quota``, by default the whole
+  cluster, see below), their users, the
   priority classes high (1000, not preemptible) / normal (100, default) / low (10) and
   ``preemption: {signal: SIGUSR1, grace_s: 5}``. Each job is submitted over HTTP by its
   team's user with their own token (``priority_class``, ``--time``), so its owner and team
@@ -36,7 +37,11 @@ partition tier), preemption of lower classes with requeue, backfill with ``--tim
 order within a class (Slurm 22.05 ignores ``PriorityWeightAge`` without slurmdbd and falls
 back to submit order, which is the same thing here). Not equivalent: trainpod's team quotas
 with borrowing/reclaim and its fair share by decayed usage have no Slurm counterpart here
-(they need slurmdbd: QOS ``GrpTRES`` limits and ``PriorityWeightFairshare``); Slurm holds a
+(they need slurmdbd: QOS ``GrpTRES`` limits and ``PriorityWeightFairshare``), so by default
+each team's trainpod quota is the whole cluster (quotas never bind; fair share still orders
+teams within a class). ``--team-quota 2`` (6 nodes / 3 teams) deadlocks today: every team
+has a queued job larger than its quota, the quota its own queued jobs ask for is not lent,
+so no job that needs to borrow can start and the nodes stay idle. Slurm holds a
 requeued job back for cred_expire+1 = 6 s (its minimum); Slurm's ``--time`` has minute
 resolution (every job here declares under a minute, so Slurm's backfill sees 1 minute each,
 trainpod's the seconds).
@@ -244,8 +249,7 @@ fair_share:
 """
 
 
-def trainpod_spec(name: str, params: TraceParams) -> str:
-    quota = params.nodes // len(params.teams)
+def trainpod_spec(name: str, params: TraceParams, quota: int) -> str:
     teams = "\n".join(
         f"  - {{name: {t}, quota: {{default: {quota}}}, weight: 1, lend: true, borrow: true}}"
         for t in params.teams
@@ -254,7 +258,9 @@ def trainpod_spec(name: str, params: TraceParams) -> str:
     return SPEC.format(name=name, nodes=params.nodes, grace=GRACE_S, teams=teams, users=users)
 
 
-def replay_trainpod(trace: Sequence[TraceJob], params: TraceParams, work: Path) -> Replay:
+def replay_trainpod(
+    trace: Sequence[TraceJob], params: TraceParams, work: Path, quota: int
+) -> Replay:
     from trainpod.api.models import NewToken
     from trainpod.backends.local import LocalBackend
     from trainpod.cli.jobs import default_env
@@ -266,7 +272,7 @@ def replay_trainpod(trace: Sequence[TraceJob], params: TraceParams, work: Path) 
 
     name = "bench-sched"
     spec_path = work / f"{name}.yaml"
-    spec_path.write_text(trainpod_spec(name, params))
+    spec_path.write_text(trainpod_spec(name, params, quota))
     paths = ClusterPaths.of(name)
     backend = LocalBackend(paths)
     jobs_dir = work / "jobs"
@@ -393,6 +399,13 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="40 jobs over 40 s, 1 run: a smoke run")
     ap.add_argument("--sides", default=",".join(SIDES))
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "scheduling.json"))
+    ap.add_argument(
+        "--team-quota",
+        type=int,
+        help="trainpod: each team's quota in nodes (default: the whole cluster, so quotas "
+        "never bind, as on this Slurm, which has none without slurmdbd; 2 = nodes/teams "
+        "deadlocks today: see the README)",
+    )
     ap.add_argument("--keep", help="keep every replay's logs under this directory")
     args = ap.parse_args()
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
@@ -418,7 +431,7 @@ def main() -> int:
             work.mkdir(parents=True)
             t0 = time.monotonic()
             if side == "trainpod":
-                rep = replay_trainpod(trace, params, work)
+                rep = replay_trainpod(trace, params, work, args.team_quota or params.nodes)
             else:
                 rep = replay_slurm(side, trace, params, work)
             m = replay_metrics(rep.outcomes, params, rep.end_t, side_grace(side))
@@ -473,6 +486,7 @@ def main() -> int:
         "params": {k: v for k, v in vars(params).items()},
         "offered_load": offered_load(trace, params),
         "grace_s": GRACE_S,
+        "team_quota": args.team_quota or params.nodes,
         "runs": runs,
         "summary": summary,
         "load_1min": loads,
