@@ -100,10 +100,27 @@ SIDES = ("trainpod", "slurm", "slurm-grace")
 class Replay:
     side: str
     outcomes: list[JobOutcome]
+    submitted: dict[int, float]
     started_t: float
     end_t: float
     load: list[float]
     problems: list[str]
+
+    def save(self, path: Path, wall_s: float) -> None:
+        """What the logs do not hold (``--reanalyse`` recomputes every figure from it)."""
+        record = {"side": self.side, "submitted": self.submitted, "started_t": self.started_t,
+                  "end_t": self.end_t, "load": self.load, "problems": self.problems,
+                  "wall_s": wall_s}  # fmt: skip
+        path.write_text(json.dumps(record) + "\n")
+
+
+def load_replay(work: Path, trace: Sequence[TraceJob]) -> tuple[Replay, float]:
+    r = json.loads((work / "replay.json").read_text())
+    submitted = {int(k): float(v) for k, v in r["submitted"].items()}
+    outcomes = outcomes_of(trace, submitted, work / "jobs")
+    rep = Replay(r["side"], outcomes, submitted, r["started_t"], r["end_t"], r["load"],
+                 r["problems"])  # fmt: skip
+    return rep, float(r["wall_s"])
 
 
 class LoadMeter:
@@ -215,8 +232,8 @@ def replay_slurm(side: str, trace: Sequence[TraceJob], params: TraceParams, work
             time.sleep(0.5)
         end = time.time()
         shutil.copyfile(cluster.dir / "log" / "slurmctld.log", work / "slurmctld.log")
-    return Replay(side, outcomes_of(trace, submitted, jobs_dir), started, end, load.samples,
-                  problems)  # fmt: skip
+    return Replay(side, outcomes_of(trace, submitted, jobs_dir), submitted, started, end,
+                  load.samples, problems)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- trainpod
@@ -329,8 +346,8 @@ def replay_trainpod(
         copy_logs(paths, work / "logs")
         if paths.record.exists():
             backend.delete(purge=True)
-    return Replay("trainpod", outcomes_of(trace, submitted, jobs_dir), started, end,
-                  load.samples, problems)  # fmt: skip
+    return Replay("trainpod", outcomes_of(trace, submitted, jobs_dir), submitted, started,
+                  end, load.samples, problems)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- report
@@ -363,6 +380,7 @@ def figures(m: dict[str, object], params: TraceParams) -> dict[str, float]:
     out["Jain's index of team shares (contention)"] = num(m["jain_team_shares"])
     out["preemptions"] = num(m["preemptions"])
     out["preemptions that saw the notice"] = num(m["preemptions_with_notice"])
+    out["reruns of a job that had already finished"] = num(m["reruns_after_done"])
     for key, label in (
         ("lost_s", "work lost per preemption"),
         ("stall_s", "checkpoint stall on the notice"),
@@ -407,6 +425,11 @@ def main() -> int:
         "deadlocks today: see the README)",
     )
     ap.add_argument("--keep", help="keep every replay's logs under this directory")
+    ap.add_argument(
+        "--reanalyse",
+        metavar="DIR",
+        help="replay nothing: recompute every figure from the replays kept in DIR (--keep)",
+    )
     args = ap.parse_args()
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     bad = [s for s in sides if s not in SIDES]
@@ -415,7 +438,8 @@ def main() -> int:
     params = QUICK if args.quick else PARAMS
     runs = args.runs or (1 if args.quick else 5)
     trace = make_trace(params)
-    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bsched-", dir="/tmp"))
+    keep = args.reanalyse or args.keep
+    root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="bsched-", dir="/tmp"))
     os.environ["TRAINPOD_HOME"] = str(root / "home")
     print(f"trace: {len(trace)} jobs over {params.arrival_s:.0f} s on {params.nodes} nodes, "
           f"offered load {offered_load(trace, params):.2f}; {runs} run(s) of {', '.join(sides)}; "
@@ -424,7 +448,34 @@ def main() -> int:
     raw: list[dict[str, object]] = []
     load_medians: dict[str, list[float]] = {s: [] for s in sides}
     failed = False
-    for run in range(runs):
+
+    def measure(rep: Replay, run: int, wall_s: float) -> None:
+        nonlocal failed
+        side = rep.side
+        m = replay_metrics(rep.outcomes, params, rep.end_t, side_grace(side))
+        m["load_1min"] = {"min": min(rep.load, default=math.nan),
+                          "median": statistics.median(rep.load) if rep.load else math.nan,
+                          "max": max(rep.load, default=math.nan)}  # fmt: skip
+        load_medians[side].append(statistics.median(rep.load) if rep.load else math.nan)
+        m["problems"] = rep.problems
+        m["replay_wall_s"] = wall_s
+        per_side[side].append(m)
+        raw.append({"run": run, "side": side, **m})
+        f = figures(m, params)
+        failed |= bool(rep.problems)
+        print(f"run {run} {side}: {m['completed']}/{m['jobs']} completed, "
+              f"utilisation {f['utilisation while work waits (%)']:.1f}%, "
+              f"{m['preemptions']} preemptions, load {m['load_1min']}, "
+              f"{wall_s:.0f} s" + (f"; PROBLEMS {rep.problems}" if rep.problems
+                                   else ""), flush=True)  # fmt: skip
+
+    if args.reanalyse:
+        for work in sorted(root.glob("run*-*")):
+            if (work / "replay.json").exists() and work.name.split("-", 1)[1] in sides:
+                rep, wall = load_replay(work, trace)
+                measure(rep, int(work.name[3:].split("-")[0]), wall)
+        runs = max((len(v) for v in per_side.values()), default=0)
+    for run in range(0 if args.reanalyse else runs):
         order = sides[run % len(sides) :] + sides[: run % len(sides)]
         for side in order:
             work = root / f"run{run + 1}-{side}"
@@ -434,22 +485,9 @@ def main() -> int:
                 rep = replay_trainpod(trace, params, work, args.team_quota or params.nodes)
             else:
                 rep = replay_slurm(side, trace, params, work)
-            m = replay_metrics(rep.outcomes, params, rep.end_t, side_grace(side))
-            m["load_1min"] = {"min": min(rep.load, default=math.nan),
-                              "median": statistics.median(rep.load) if rep.load else math.nan,
-                              "max": max(rep.load, default=math.nan)}  # fmt: skip
-            load_medians[side].append(statistics.median(rep.load) if rep.load else math.nan)
-            m["problems"] = rep.problems
-            m["replay_wall_s"] = time.monotonic() - t0
-            per_side[side].append(m)
-            raw.append({"run": run + 1, "side": side, **m})
-            f = figures(m, params)
-            failed |= bool(rep.problems)
-            print(f"run {run + 1} {side}: {m['completed']}/{m['jobs']} completed, "
-                  f"utilisation {f['utilisation while work waits (%)']:.1f}%, "
-                  f"{m['preemptions']} preemptions, load {m['load_1min']}, "
-                  f"{m['replay_wall_s']:.0f} s" + (f"; PROBLEMS {rep.problems}" if rep.problems
-                                                    else ""), flush=True)  # fmt: skip
+            wall = time.monotonic() - t0
+            rep.save(work / "replay.json", wall)
+            measure(rep, run + 1, wall)
     summary = {
         side: {
             label: median_range([figures(m, params)[label] for m in ms])
@@ -483,6 +521,7 @@ def main() -> int:
         )
     out = {
         "command": " ".join(["benchmarks/scheduling.py", *sys.argv[1:]]),
+        "logs": str(root),
         "params": {k: v for k, v in vars(params).items()},
         "offered_load": offered_load(trace, params),
         "grace_s": GRACE_S,

@@ -402,12 +402,15 @@ class Preemption:
 
 
 def preemptions(outcomes: Sequence[JobOutcome]) -> list[Preemption]:
-    """Every attempt followed by another one of its job, with the work it lost and the job
+    """Every attempt followed by another one of its job (unless it had done its last step),
+    with the work it lost and the job
     (of a higher class, on a node it held) that started next on its nodes."""
     runs = [(o, a) for o in outcomes for a in o.attempts if a.first_step_t is not None or a.nodes]
     out = []
     for o in outcomes:
         for a, nxt in zip(o.attempts, o.attempts[1:], strict=False):
+            if a.done:  # preempted after its last step: see reruns_after_done
+                continue
             last = a.steps[-1][0] if a.steps else a.resumed_step
             resumed = nxt.resumed_step
             done_at = a.step_t(resumed)
@@ -447,6 +450,12 @@ def preemptions(outcomes: Sequence[JobOutcome]) -> list[Preemption]:
                 )
             )
     return out
+
+
+def reruns_after_done(outcomes: Sequence[JobOutcome]) -> int:
+    """Attempts that ran after their job had already done its last step (Slurm preempts and
+    requeues a job that ends in the same second, then runs it again for nothing)."""
+    return sum(a.done for o in outcomes for a in o.attempts[:-1])
 
 
 def stats(values: Sequence[float]) -> dict[str, float]:
@@ -506,6 +515,7 @@ def replay_metrics(
         "jain_team_shares": jain(list(shares.values())) if windows else float("nan"),
         "preemptions": len(pre),
         "preemptions_with_notice": len(noticed),
+        "reruns_after_done": reruns_after_done(outcomes),
         "preemptions_within_target": sum(within_target(p, grace_s) for p in pre),
         "lost_s": stats([p.lost_s for p in pre]),
         "stall_s": stats([p.stall_s for p in pre if p.stall_s is not None]),

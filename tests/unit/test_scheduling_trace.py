@@ -19,6 +19,7 @@ from benchmarks.schedulingkit import (
     parse_log,
     preemptions,
     replay_metrics,
+    reruns_after_done,
     stats,
     utilisation_while_waiting,
     waiting_intervals,
@@ -193,3 +194,12 @@ def test_replay_metrics_of_a_tiny_replay() -> None:
     assert waits["high"]["mean"] == pytest.approx(0.8)
     assert waits["low"]["mean"] == pytest.approx(1.0)
     assert m["makespan_s"] == pytest.approx(111.0 - 99.0)
+
+
+def test_a_job_requeued_after_its_last_step_is_a_rerun_not_a_preemption() -> None:
+    finished = Attempt(0.0, 0, ("node1",), [(1, 1.0), (2, 2.0)], done=True, last_t=2.0)
+    again = Attempt(9.0, 2, ("node2",), [], done=True, last_t=9.0)
+    o = JobOutcome(_job(0), 0.0, [finished, again])
+    assert preemptions([o]) == []
+    assert reruns_after_done([o]) == 1
+    assert reruns_after_done([JobOutcome(_job(1), 0.0, [finished])]) == 0
