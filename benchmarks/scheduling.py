@@ -372,6 +372,8 @@ def figures(m: dict[str, object], params: TraceParams) -> dict[str, float]:
     """The flat figures of one replay's metrics (what the table and the medians show)."""
     out: dict[str, float] = {}
     out["utilisation while work waits (%)"] = 100 * num(m["utilisation_while_waiting"])
+    out["  idle then, a waiting job fit (%)"] = 100 * num(m["idle_while_waiting_job_fits"])
+    out["  idle then, no waiting job fit (%)"] = 100 * num(m["idle_while_waiting_none_fits"])
     waits = m["wait_s"]
     assert isinstance(waits, dict)
     for cls, _ in params.class_mix:
@@ -397,11 +399,13 @@ def figures(m: dict[str, object], params: TraceParams) -> dict[str, float]:
 
 
 def fmt(v: dict[str, float]) -> str:
+    """median [min-max]; 3 decimals below 1 (milliseconds of lost work show)."""
     if v["runs"] == 0:
         return "-"
+    d = 3 if abs(v["median"]) < 1 else 2 if abs(v["median"]) < 100 else 1
     if v["runs"] == 1 or v["min"] == v["max"]:
-        return f"{v['median']:.2f}"
-    return f"{v['median']:.2f} [{v['min']:.2f}-{v['max']:.2f}]"
+        return f"{v['median']:.{d}f}"
+    return f"{v['median']:.{d}f} [{v['min']:.{d}f}-{v['max']:.{d}f}]"
 
 
 def table(summary: dict[str, dict[str, dict[str, float]]], sides: Sequence[str]) -> str:

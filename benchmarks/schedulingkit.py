@@ -292,18 +292,22 @@ Interval = tuple[float, float, float]
 """(start, end, weight): e.g. nodes busy, or 1 for a waiting job."""
 
 
-def waiting_intervals(outcomes: Sequence[JobOutcome], end_t: float) -> list[Interval]:
+def waiting_intervals(
+    outcomes: Sequence[JobOutcome], end_t: float, *, sized: bool = False
+) -> list[Interval]:
     """When each job waited: submit -> its first attempt, and the end of each attempt that
-    did not finish it -> the next (requeued); a job never started waits until ``end_t``."""
+    did not finish it -> the next (requeued); a job never started waits until ``end_t``.
+    Weight 1, or with ``sized`` the nodes the job needs."""
     out: list[Interval] = []
     for o in outcomes:
+        w = float(o.job.nodes) if sized else 1.0
         since = o.submitted_t
         for a in o.attempts:
             if a.started_t > since:
-                out.append((since, a.started_t, 1.0))
+                out.append((since, a.started_t, w))
             since = a.last_t
         if not o.done and since < end_t:
-            out.append((since, end_t, 1.0))
+            out.append((since, end_t, w))
     return out
 
 
@@ -346,6 +350,43 @@ def utilisation_while_waiting(
         level[which] += d
         prev = t
     return used / total if total > 0 else float("nan")
+
+
+def idle_while_waiting(
+    busy: Sequence[Interval], waiting_sized: Sequence[Interval], capacity: int
+) -> tuple[float, float]:
+    """Idle node-seconds while work waits, over capacity node-seconds then, split in two:
+    (a waiting job would fit in the idle nodes: start-up and hand-over gaps, the scheduler's
+    own latency; no waiting job fits: the gang waits for more nodes, what backfill is for).
+    ``waiting_sized``: one interval per waiting job, weighted by the nodes it needs."""
+    events = [(s, 0, w) for s, e, w in busy if e > s] + [(e, 0, -w) for s, e, w in busy if e > s]
+    events += [(s, 1, w) for s, e, w in waiting_sized if e > s]
+    events += [(e, 2, w) for s, e, w in waiting_sized if e > s]
+    events.sort()
+    level = 0.0
+    sizes: dict[float, int] = {}
+    fit = nofit = total = 0.0
+    prev: float | None = None
+    for t, kind, w in events:
+        if prev is not None and t > prev and sizes:
+            free = max(0.0, capacity - level)
+            total += capacity * (t - prev)
+            if min(sizes) <= free + 1e-9:
+                fit += free * (t - prev)
+            else:
+                nofit += free * (t - prev)
+        if kind == 0:
+            level += w
+        elif kind == 1:
+            sizes[w] = sizes.get(w, 0) + 1
+        else:
+            sizes[w] -= 1
+            if not sizes[w]:
+                del sizes[w]
+        prev = t
+    if total == 0:
+        return float("nan"), float("nan")
+    return fit / total, nofit / total
 
 
 def overlap(intervals: Sequence[Interval], windows: Sequence[tuple[float, float]]) -> float:
@@ -490,6 +531,7 @@ def replay_metrics(
     the side's grace period, for the work-lost target."""
     waiting = waiting_intervals(outcomes, end_t)
     busy = busy_intervals(outcomes)
+    idle = idle_while_waiting(busy, waiting_intervals(outcomes, end_t, sized=True), params.nodes)
     t0 = min(o.submitted_t for o in outcomes)
     finished = [o.finished_t for o in outcomes if o.finished_t is not None]
     waits: dict[str, list[float]] = {c: [] for c, _ in params.class_mix}
@@ -509,6 +551,8 @@ def replay_metrics(
         "completed": sum(o.done for o in outcomes),
         "makespan_s": (max(finished) - t0) if finished else float("nan"),
         "utilisation_while_waiting": utilisation_while_waiting(busy, waiting, params.nodes),
+        "idle_while_waiting_job_fits": idle[0],
+        "idle_while_waiting_none_fits": idle[1],
         "wait_s": {c: stats(v) for c, v in waits.items()},
         "contention_s": sum(e - s for s, e in windows),
         "team_node_s_in_contention": shares,

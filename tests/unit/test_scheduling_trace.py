@@ -13,6 +13,7 @@ from benchmarks.schedulingkit import (
     JobOutcome,
     TraceJob,
     all_waiting_windows,
+    idle_while_waiting,
     jain,
     make_trace,
     offered_load,
@@ -109,6 +110,21 @@ def test_utilisation_counts_only_while_work_waits() -> None:
     assert utilisation_while_waiting([(0.0, 10.0, 9.0)], [(0.0, 10.0, 1.0)], 4) == 1.0
     with pytest.raises(ValueError, match="capacity"):
         utilisation_while_waiting(busy, waiting, 0)
+
+
+def test_idle_while_waiting_splits_by_whether_a_waiting_job_fits() -> None:
+    # 4 nodes, 2 busy 0-10, 3 busy 10-20; a 2-node job waits 0-20, a 1-node job 10-20.
+    busy = [(0.0, 20.0, 2.0), (10.0, 20.0, 1.0)]
+    waiting = [(0.0, 20.0, 2.0), (10.0, 20.0, 1.0)]
+    fit, nofit = idle_while_waiting(busy, waiting, 4)
+    # 0-10: 2 idle, the 2-node job fits; 10-20: 1 idle, the 1-node job fits
+    assert (fit, nofit) == (pytest.approx(30 / 80), 0.0)
+    fit, nofit = idle_while_waiting(busy, [(0.0, 20.0, 3.0)], 4)
+    assert (fit, nofit) == (0.0, pytest.approx(30 / 80))  # the 3-node job never fits
+    assert math.isnan(idle_while_waiting(busy, [], 4)[0])
+    # idle + busy = capacity while waiting
+    util = utilisation_while_waiting(busy, [(0.0, 20.0, 1.0)], 4)
+    assert util + sum(idle_while_waiting(busy, [(0.0, 20.0, 3.0)], 4)) == pytest.approx(1.0)
 
 
 def test_windows_when_every_team_waits() -> None:
