@@ -47,7 +47,9 @@ resolution (every job here declares under a minute, so Slurm's backfill sees 1 m
 trainpod's the seconds).
 
 Figures per replay: node utilisation while work waits (busy node-seconds over capacity,
-only while some job waits, from the workers' process start to their last line); mean and
+only while some job waits, from the workers' process start to their last line), its idle
+rest split by whether a waiting job would have fit the idle nodes, and the node hand-over
+(an attempt's end -> the next attempt's start on that node, gaps under 10 s); mean and
 p95 wait (submit -> first attempt's process start) per class; Jain's index of the teams'
 node-seconds during the times when every team had work waiting; per preemption, the work
 lost (seconds from completing the step the next attempt resumed from to the attempt's end)
@@ -374,6 +376,10 @@ def figures(m: dict[str, object], params: TraceParams) -> dict[str, float]:
     out["utilisation while work waits (%)"] = 100 * num(m["utilisation_while_waiting"])
     out["  idle then, a waiting job fit (%)"] = 100 * num(m["idle_while_waiting_job_fits"])
     out["  idle then, no waiting job fit (%)"] = 100 * num(m["idle_while_waiting_none_fits"])
+    hand = m["handover_s"]
+    assert isinstance(hand, dict)
+    out["node hand-over (end -> next start): p50 (s)"] = hand["p50"]
+    out["node hand-over (end -> next start): p95 (s)"] = hand["p95"]
     waits = m["wait_s"]
     assert isinstance(waits, dict)
     for cls, _ in params.class_mix:

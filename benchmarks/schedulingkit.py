@@ -23,6 +23,7 @@ import math
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from itertools import pairwise
 from pathlib import Path
 from typing import TypeVar
 
@@ -389,6 +390,23 @@ def idle_while_waiting(
     return fit / total, nofit / total
 
 
+def handover_gaps(outcomes: Sequence[JobOutcome], within_s: float = 10.0) -> list[float]:
+    """Per node, one attempt's end -> the next attempt's process start there, for the gaps
+    under ``within_s`` (longer ones are the node idle for want of work, not a hand-over)."""
+    per_node: dict[str, list[tuple[float, float]]] = {}
+    for o in outcomes:
+        for a in o.attempts:
+            for n in a.nodes:
+                per_node.setdefault(n, []).append((a.started_t, a.last_t))
+    gaps = []
+    for runs in per_node.values():
+        runs.sort()
+        for (_, end), (start, _) in pairwise(runs):
+            if 0 <= start - end < within_s:
+                gaps.append(start - end)
+    return gaps
+
+
 def overlap(intervals: Sequence[Interval], windows: Sequence[tuple[float, float]]) -> float:
     """Weighted seconds of ``intervals`` inside ``windows`` (disjoint, sorted)."""
     got = 0.0
@@ -553,6 +571,7 @@ def replay_metrics(
         "utilisation_while_waiting": utilisation_while_waiting(busy, waiting, params.nodes),
         "idle_while_waiting_job_fits": idle[0],
         "idle_while_waiting_none_fits": idle[1],
+        "handover_s": stats(handover_gaps(outcomes)),
         "wait_s": {c: stats(v) for c, v in waits.items()},
         "contention_s": sum(e - s for s, e in windows),
         "team_node_s_in_contention": shares,

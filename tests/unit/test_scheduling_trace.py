@@ -13,6 +13,7 @@ from benchmarks.schedulingkit import (
     JobOutcome,
     TraceJob,
     all_waiting_windows,
+    handover_gaps,
     idle_while_waiting,
     jain,
     make_trace,
@@ -125,6 +126,13 @@ def test_idle_while_waiting_splits_by_whether_a_waiting_job_fits() -> None:
     # idle + busy = capacity while waiting
     util = utilisation_while_waiting(busy, [(0.0, 20.0, 1.0)], 4)
     assert util + sum(idle_while_waiting(busy, [(0.0, 20.0, 3.0)], 4)) == pytest.approx(1.0)
+
+
+def test_handover_gaps_per_node() -> None:
+    a = JobOutcome(_job(0, nodes=2), 0.0, [Attempt(0.0, 0, ("node1", "node2"), last_t=5.0)])
+    b = JobOutcome(_job(1), 0.0, [Attempt(5.5, 0, ("node1",), last_t=9.0)])
+    c = JobOutcome(_job(2), 0.0, [Attempt(30.0, 0, ("node2",), last_t=31.0)])  # idle, no work
+    assert handover_gaps([a, b, c]) == [pytest.approx(0.5)]
 
 
 def test_windows_when_every_team_waits() -> None:
