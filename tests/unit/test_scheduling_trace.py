@@ -119,9 +119,11 @@ def test_idle_while_waiting_splits_by_whether_a_waiting_job_fits() -> None:
     waiting = [(0.0, 20.0, 2.0), (10.0, 20.0, 1.0)]
     fit, nofit = idle_while_waiting(busy, waiting, 4)
     # 0-10: 2 idle, the 2-node job fits; 10-20: 1 idle, the 1-node job fits
-    assert (fit, nofit) == (pytest.approx(30 / 80), 0.0)
+    assert fit == pytest.approx(30 / 80)
+    assert nofit == 0.0
     fit, nofit = idle_while_waiting(busy, [(0.0, 20.0, 3.0)], 4)
-    assert (fit, nofit) == (0.0, pytest.approx(30 / 80))  # the 3-node job never fits
+    assert fit == 0.0
+    assert nofit == pytest.approx(30 / 80)  # the 3-node job never fits
     assert math.isnan(idle_while_waiting(busy, [], 4)[0])
     # idle + busy = capacity while waiting
     util = utilisation_while_waiting(busy, [(0.0, 20.0, 1.0)], 4)
