@@ -39,10 +39,8 @@ back to submit order, which is the same thing here). Not equivalent: trainpod's 
 with borrowing/reclaim and its fair share by decayed usage have no Slurm counterpart here
 (they need slurmdbd: QOS ``GrpTRES`` limits and ``PriorityWeightFairshare``), so by default
 each team's trainpod quota is the whole cluster (quotas never bind; fair share still orders
-teams within a class). ``--team-quota 2`` (6 nodes / 3 teams) deadlocks today: every team
-has a queued job larger than its quota, the quota its own queued jobs ask for is not lent,
-so no job that needs to borrow can start and the nodes stay idle. Slurm holds a
-requeued job back for cred_expire+1 = 6 s (its minimum); Slurm's ``--time`` has minute
+teams within a class). ``--team-quota 2`` (6 nodes / 3 teams) makes quotas bind (the
+README says what that gave). Slurm holds a requeued job back for cred_expire+1 = 6 s (its minimum); Slurm's ``--time`` has minute
 resolution (every job here declares under a minute, so Slurm's backfill sees 1 minute each,
 trainpod's the seconds).
 
@@ -432,7 +430,7 @@ def main() -> int:
         type=int,
         help="trainpod: each team's quota in nodes (default: the whole cluster, so quotas "
         "never bind, as on this Slurm, which has none without slurmdbd; 2 = nodes/teams "
-        "deadlocks today: see the README)",
+        "makes them bind: see the README)",
     )
     ap.add_argument("--keep", help="keep every replay's logs under this directory")
     ap.add_argument(
