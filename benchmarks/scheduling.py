@@ -40,9 +40,9 @@ with borrowing/reclaim and its fair share by decayed usage have no Slurm counter
 (they need slurmdbd: QOS ``GrpTRES`` limits and ``PriorityWeightFairshare``), so by default
 each team's trainpod quota is the whole cluster (quotas never bind; fair share still orders
 teams within a class). ``--team-quota 2`` (6 nodes / 3 teams) makes quotas bind (the
-README says what that gave). Slurm holds a requeued job back for cred_expire+1 = 6 s (its minimum); Slurm's ``--time`` has minute
-resolution (every job here declares under a minute, so Slurm's backfill sees 1 minute each,
-trainpod's the seconds).
+README says what that gave). Slurm holds a requeued job back for cred_expire+1 = 6 s (its
+minimum); Slurm's ``--time`` has minute resolution (every job here declares under a minute,
+so Slurm's backfill sees 1 minute each, trainpod's the seconds).
 
 Figures per replay: node utilisation while work waits (busy node-seconds over capacity,
 only while some job waits, from the workers' process start to their last line), its idle
