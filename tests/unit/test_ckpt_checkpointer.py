@@ -74,27 +74,54 @@ def test_save_commits_every_tier_and_a_new_process_loads_the_fastest(tmp_path: P
     assert {f["name"] for f in manifest["files"]} == {"__0_0.distcp", ".metadata"}
     assert (tmp_path / "durable" / "latest").read_text() == "3\n"
 
+    # Outside trainpod nobody else would free the RAM: close() removed the memory tier.
+    assert not list((tmp_path / "shm").glob("*/*"))
     with checkpointer(tmp_path) as ck2:
         fresh = make_state(0.0)
         assert ck2.load_latest(fresh) == 3
-        assert ck2.last_load is not None and ck2.last_load.tier == "memory"
+        assert ck2.last_load is not None and ck2.last_load.tier == "scratch"
         assert torch.equal(fresh["model"].weight, torch.full((8, 16), 3.0))
         assert torch.equal(fresh["t"], torch.arange(10.0) + 3)
         assert fresh["extra"] == {"epoch": 3}
 
 
+def test_a_kept_memory_tier_is_what_the_next_process_loads_first(tmp_path: Path) -> None:
+    with checkpointer(tmp_path) as ck:
+        ck.save(4, make_state(4.0))
+        assert ck.wait(30)
+        assert ck.close(release_memory=False)
+    assert [p.name for p in (tmp_path / "shm").glob("*/*/step-*")] == ["step-0000000004"]
+    with checkpointer(tmp_path) as ck2:
+        fresh = make_state(0.0)
+        assert ck2.load_latest(fresh) == 4
+        assert ck2.last_load is not None and ck2.last_load.tier == "memory"
+        assert torch.equal(fresh["model"].weight, torch.full((8, 16), 4.0))
+    assert not list((tmp_path / "shm").glob("*/*"))  # the default close released it
+
+
+def test_under_trainpod_the_memory_tier_is_left_to_the_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINPOD_JOB_ID", "7")  # the agent removes it when the job ends
+    with checkpointer(tmp_path) as ck:
+        ck.save(2, make_state(2.0))
+        assert ck.wait(30)
+    (node_dir,) = (tmp_path / "shm").glob("job-7-*/*")
+    assert [p.name for p in node_dir.glob("step-*")] == ["step-0000000002"]
+
+
 def test_retention_keeps_k_per_tier(tmp_path: Path) -> None:
+    def steps(d: Path) -> list[int]:
+        return sorted(int(p.name[5:]) for p in d.glob("step-*"))
+
     with checkpointer(tmp_path, keep={"memory": 1, "scratch": 2, "durable": 3}) as ck:
         for step in range(1, 6):
             ck.save(step, make_state(step))
             assert ck.wait(30)
-
-    def steps(d: Path) -> list[int]:
-        return sorted(int(p.name[5:]) for p in d.glob("step-*"))
-
-    (mem,) = (tmp_path / "shm").glob("*/*")
+        (mem,) = (tmp_path / "shm").glob("*/*")
+        kept_in_memory = steps(mem)
     (scr,) = (tmp_path / "scratch").glob("*/*/ckpt")
-    assert (steps(mem), steps(scr), steps(tmp_path / "durable")) == ([5], [4, 5], [3, 4, 5])
+    assert (kept_in_memory, steps(scr), steps(tmp_path / "durable")) == ([5], [4, 5], [3, 4, 5])
 
 
 def test_newest_step_wins_and_stale_buffers_are_reused(tmp_path: Path) -> None:

@@ -52,11 +52,13 @@ def step_dirs(root: Path, step: int) -> dict[str, Path]:
 
 @pytest.fixture
 def saved(tmp_path: Path) -> Iterator[Path]:
-    """Steps 1 and 2 committed in memory, scratch and durable."""
+    """Steps 1 and 2 committed in memory, scratch and durable, as a run that was killed
+    leaves them (a clean close outside trainpod would release the memory tier)."""
     with checkpointer(tmp_path) as ck:
         for step in (1, 2):
             ck.save(step, make_state(step))
         assert ck.wait(30)
+        assert ck.close(release_memory=False)
     yield tmp_path
 
 

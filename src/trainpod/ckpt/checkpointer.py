@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+import shutil
 import statistics
 import time
 import warnings
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from trainpod import beacon, notice
@@ -285,13 +287,50 @@ class Checkpointer:
         durable store keeps this waiting: use a timeout). True when done, False on timeout."""
         return self._pipe.wait(timeout_s)
 
-    def close(self, timeout_s: float | None = None) -> bool:
+    def close(self, timeout_s: float | None = None, *, release_memory: bool | None = None) -> bool:
         """Finish pending copies (up to ``timeout_s``) and stop the threads. Idempotent;
-        collective. True when everything was committed and the threads ended."""
+        collective. True when everything was committed and the threads ended.
+
+        ``release_memory``: remove this node's shared-memory tier (RAM in ``/dev/shm``) once
+        another tier holds the newest step. The default (None) does so outside trainpod,
+        where nobody else would; under trainpod the node's agent removes it when the job
+        ends, so a restarted attempt can still load from it. It is kept, with a warning, when
+        it may hold the only copy of the newest step."""
         if self._closed:
             return True
         self._closed = True
-        return self._pipe.close(timeout_s)
+        done = self._pipe.close(timeout_s)
+        if release_memory is None:
+            release_memory = not self.layout.managed
+        if release_memory and self.ctx.leader:
+            self._release_memory(done)
+        return done
+
+    @staticmethod
+    def _newest_in(tiers: Iterable[Tier]) -> int | None:
+        """The newest committed step in any of ``tiers`` (a tier that cannot be read: none)."""
+        steps = []
+        for tier in tiers:
+            with contextlib.suppress(OSError, CheckpointError):
+                steps += [loc.step for loc in tier.locate()[0]]
+        return max(steps, default=None)
+
+    def _release_memory(self, done: bool) -> None:
+        root = self.layout.memory
+        if root is None or not root.exists():
+            return
+        mine = self._newest_in(t for t in self.tiers if t.name == "memory")
+        elsewhere = self._newest_in(t for t in self.tiers if t.name != "memory")
+        if not done or (mine is not None and (elsewhere is None or elsewhere < mine)):
+            warnings.warn(
+                f"kept the memory tier {root}: its newest step ({mine}) is in no other tier"
+                " yet; remove it by hand once that step is safe elsewhere",
+                stacklevel=3,
+            )
+            return
+        shutil.rmtree(root, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            root.parent.rmdir()  # the job's dir, once its last node's tier is gone
 
     def progress(self) -> Progress:
         """Committed step per tier, the copy in progress (bytes, rate), errors. Thread-safe."""

@@ -48,6 +48,9 @@ class Layout:
     """The directory holding every node's scratch dir (local backend), for the peer tier."""
     job_scratch_name: str
     """Name of the per-job dir inside a node's scratch dir (``job-<id>``)."""
+    managed: bool = False
+    """Run by trainpod (``TRAINPOD_JOB_ID`` set): the node's agent removes the memory tier when
+    the job ends. Outside trainpod nobody does, so :meth:`Checkpointer.close` does."""
 
     def peer_of(self, node: str, nodes: tuple[str, ...] | None = None) -> str | None:
         """The node that holds ``node``'s peer copy: the next one in ``nodes`` (None if alone)."""
@@ -140,6 +143,7 @@ def resolve(
         scratch=scratch,
         scratch_base=scratch_base,
         job_scratch_name=job_scratch_name,
+        managed=bool(job_id),
     )
 
 
