@@ -15,7 +15,7 @@ from pathlib import Path
 
 from trainpod.agent.facts import detect_gpus
 from trainpod.backends.base import Backend, ControllerParts, ProcessStatus, register
-from trainpod.backends.procs import is_ours, read_pid, spawn, terminate
+from trainpod.backends.procs import MARKER_ENV, is_ours, read_pid, spawn, sweep, terminate
 from trainpod.client.http import TrainpodClient
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.ports import free_port
@@ -112,7 +112,7 @@ class LocalBackend(Backend):
                 [sys.executable, "-m", "trainpod.controller.daemon", "--state-dir", marker],
                 log=p.log_file(CONTROLLER),
                 pid_file=p.pid_file(CONTROLLER),
-                env=record.env,
+                env={**record.env, MARKER_ENV: marker},
             )
             started.append(CONTROLLER)
         self.wait_ready(record)
@@ -138,7 +138,7 @@ class LocalBackend(Backend):
             ],
             log=p.node_dir(node) / "agent.log",
             pid_file=p.pid_file(f"agent-{node}"),
-            env=python_first_path(),
+            env={**python_first_path(), MARKER_ENV: str(p.state_dir)},
         )
 
     def replace_node(self, node: str) -> None:
@@ -195,6 +195,11 @@ class LocalBackend(Backend):
             assert pid is not None
             terminate([pid], marker, grace_s=5.0)
             stopped.append(CONTROLLER)
+        # What outlived them: a replacement agent the controller started while it was being
+        # stopped, a node repair's deep check and its device workers, an orphaned rank.
+        left = sweep(marker, grace_s=grace)
+        if left:
+            stopped.append(f"{len(left)} leftover process{'es' if len(left) > 1 else ''}")
         return stopped
 
     def delete(self, *, purge: bool) -> None:

@@ -17,6 +17,12 @@ from trainpod import procutil
 
 _children: list[subprocess.Popen[bytes]] = []
 
+MARKER_ENV = "TRAINPOD_STATE_DIR"
+"""Set to the cluster's state dir in the environment of the controller and the agents that a
+local cluster starts, and so inherited by everything they start in turn (replacement agents,
+zygotes, ranks, deep checks and their device workers, persisters, lifecycle scripts, shells):
+how :func:`sweep` finds what is left once the daemons are gone, whatever its parent was."""
+
 
 def _reap() -> None:
     """Collect exited children so they do not linger as zombies in a long-lived caller."""
@@ -79,3 +85,34 @@ def terminate(pids: list[int], marker: str, *, grace_s: float) -> None:
             except psutil.NoSuchProcess:
                 pass
     procutil.terminate(ours, grace_s=grace_s)
+
+
+def leftovers(marker: str) -> list[psutil.Process]:
+    """Live processes (not this one or its ancestors) whose environment has
+    :data:`MARKER_ENV` = ``marker``. Processes whose environment cannot be read (another
+    user's, when not root) are not looked at."""
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    found = []
+    for proc in psutil.process_iter(["status"]):
+        if proc.pid in mine or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if proc.environ().get(MARKER_ENV) == marker:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def sweep(marker: str, *, grace_s: float, rounds: int = 5) -> list[int]:
+    """Terminate every process :func:`leftovers` finds, again while new ones appear (one a
+    dying daemon started at the last moment, such as a node's replacement agent). Returns
+    the pids it signalled."""
+    signalled: list[int] = []
+    for _ in range(rounds):
+        procs = leftovers(marker)
+        if not procs:
+            break
+        procutil.terminate(procs, grace_s=grace_s)
+        signalled += [p.pid for p in procs]
+    return signalled
