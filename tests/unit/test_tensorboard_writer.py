@@ -172,6 +172,7 @@ def test_the_agent_writes_rank_zeros_beacons_of_the_attempts_it_watches(tmp_path
         ]
         tap.forget(1)
         tap.offer([(1, 0, 3, 3.0, m)])  # a straggler of the ended attempt: not written
+        assert not tap.watch(order(tmp_path, 1, [0, 1], **env))  # its order seen again
     finally:
         tap.close()
     assert scalars(read(logdir / STEPS_RUN), "metrics/loss") == [(1, 0.5), (2, 0.25)]

@@ -169,9 +169,9 @@ class Agent:
             if self._chaos is not None and orders.chaos:
                 self._chaos.execute(orders.chaos)
             for launch in orders.launch:
+                if self._tensorboard is not None:  # before its ranks can send a beacon
+                    self._tensorboard.watch(launch)
                 if self.launcher.launch(launch):
-                    if self._tensorboard is not None:
-                        self._tensorboard.watch(launch)
                     log.info(
                         "order: launched attempt %d of job %d, ranks %s",
                         launch.attempt_id,

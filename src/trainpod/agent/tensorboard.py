@@ -42,24 +42,29 @@ class TensorBoardTap:
         self._watched: dict[int, tuple[Path, int, str]] = {}  # attempt id -> (dir, n, reason)
         self._writers: dict[int, StepScalars] = {}  # opened on an attempt's first beacon
         self._closing: list[int] = []
+        self._forgotten: set[int] = set()  # ended here: a repeated launch order is not watched
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="tensorboard", daemon=True)
         self._thread.start()
 
     # -- fed by the agent and the beacon server -----------------------------------------
     def watch(self, order: LaunchOrder) -> bool:
-        """Watch ``order``'s attempt if this node runs its rank 0 and it has a logdir."""
+        """Watch ``order``'s attempt if this node runs its rank 0 and it has a logdir. Called
+        before the ranks start (none of their beacons is missed); idempotent."""
         logdir = order.env.get(ENV)
         if not logdir or not any(r.rank == 0 for r in order.ranks):
             return False
         reason = order.env.get("TRAINPOD_RESTART_REASON", "")
         with self._lock:
+            if order.attempt_id in self._forgotten:
+                return False
             self._watched[order.attempt_id] = (Path(logdir), order.attempt_number, reason)
         return True
 
     def forget(self, attempt_id: int) -> None:
         """The attempt ended here: write what is queued of it, then close its file."""
         with self._lock:
+            self._forgotten.add(attempt_id)
             if self._watched.pop(attempt_id, None) is not None:
                 self._closing.append(attempt_id)
                 self._wake.notify()
