@@ -55,6 +55,9 @@ def test_a_killed_and_resumed_job_shows_each_step_once_and_its_restart(
     logdir = tensorboard_dir(Path(cluster.record.shared_dir), t.job_id)
     check_step_scalars(t, logdir / STEPS_RUN, resume)
     check_goodput(t, logdir / GOODPUT_RUN)
+    # the script's own SummaryWriter (purge_step=the resumed step) beside trainpod's runs
+    script = [s for s, _ in scalars(read(logdir / "script"), "value")]
+    assert script == list(range(1, STEPS + 1))
     check_tensorboard_serves(cluster, t, logdir)
 
 
@@ -107,7 +110,8 @@ def check_goodput(t: Training, run: Path) -> None:
 
 def check_tensorboard_serves(cluster: Cluster, t: Training, logdir: Path) -> None:
     """``trainpod tensorboard JOB`` prints a URL that serves TensorBoard, whose runs are
-    trainpod's two and the script's own; Ctrl-C stops it."""
+    trainpod's two and the script's own, and whose loss curve has each step once; Ctrl-C
+    stops it."""
     env = {**os.environ, "COLUMNS": "200", "TRAINPOD_CLUSTER": cluster.paths.name}
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainpod.cli.main", "tensorboard", str(t.job_id)],
@@ -133,6 +137,14 @@ def check_tensorboard_serves(cluster: Cluster, t: Training, logdir: Path) -> Non
             return got if {"trainpod", "trainpod-goodput", "script"} <= set(got) else None
 
         wait_until(runs, timeout_s=60, what=f"the job's runs at {url}data/runs")
+        scalars_url = f"{url}data/plugin/scalars/scalars?run=trainpod&tag=metrics/loss"
+
+        def served() -> list[int] | None:  # [[wall_time, step, value], ...] once loaded
+            steps = [int(p[1]) for p in httpx.get(scalars_url, timeout=10).json()]
+            return steps if len(set(steps)) == STEPS else None
+
+        steps = wait_until(served, timeout_s=60, what=f"the loss curve at {scalars_url}")
+        assert steps == list(range(1, STEPS + 1))  # served purged too: each step once
         assert str(logdir) in "".join(lines)
     finally:
         proc.send_signal(signal.SIGINT)

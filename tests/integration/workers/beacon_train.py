@@ -4,8 +4,8 @@ argv: --steps N --ckpt-every K [--ckpt-dir DIR] [--step-s S] [--sync-every M]
 [--fail-at STEP [--fail-first RANK|rotate]] [--tensorboard]
 
 ``--tensorboard``: rank 0 also writes ``value`` per step with torch's own ``SummaryWriter``
-into ``$TRAINPOD_TENSORBOARD_DIR/script`` (``purge_step`` = the resumed step), as a user's
-script would.
+into ``$TRAINPOD_TENSORBOARD_DIR/script`` (``purge_step`` = the resumed step; flushed at each
+checkpoint), as a user's script would.
 
 Every step sleeps ``S`` seconds ("compute"), then every ``M`` steps (default: every step)
 all-reduces a tensor, so a killed or stopped peer stalls or fails the others as real
@@ -121,6 +121,8 @@ def main() -> None:
         progress.write(f"attempt={attempt} step={step}\n")
         if writer is not None:
             writer.add_scalar("value", value, step)
+            if saved:  # what a checkpoint covers is on disk too (a teardown kills unflushed)
+                writer.flush()
         if saved:
             trainpod.report(step, value=value, loss=1.0 / step, checkpoint_step=step)
         else:
