@@ -188,3 +188,24 @@ def test_a_full_queue_drops_and_counts(tmp_path: Path) -> None:
     finally:
         tap.close()
     assert tap.dropped == 990
+
+
+def test_an_unwritable_logdir_costs_that_attempt_only(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    good = tmp_path / "good"
+    tap = TensorBoardTap()
+    try:
+        tap.watch(order(tmp_path, 1, [0], TRAINPOD_TENSORBOARD_DIR=str(blocked / "job-1")))
+        tap.watch(order(tmp_path, 2, [0], TRAINPOD_TENSORBOARD_DIR=str(good)))
+        tap.offer([(1, 0, 1, 1.0, {"loss": 1.0}), (1, 0, 2, 2.0, {"loss": 1.0})])
+        tap.offer([(2, 0, 1, 1.0, {"loss": 2.0})])
+
+        def written() -> bool:
+            run = good / STEPS_RUN
+            return run.is_dir() and "metrics/loss" in read(run).Tags()["scalars"]
+
+        wait_until(written, timeout_s=20, what="attempt 2's step, after attempt 1's failure")
+    finally:
+        tap.close()
+    assert scalars(read(good / STEPS_RUN), "metrics/loss") == [(1, 2.0)]

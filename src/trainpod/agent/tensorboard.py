@@ -97,25 +97,33 @@ class TensorBoardTap:
                 closing, self._closing = self._closing, []
                 watched = dict(self._watched)
                 stopped = self._stopped
-            touched: set[int] = set()
-            for attempt_id, _rank, step, t, metrics in batch:
-                writer = self._writer(attempt_id, watched)
-                if writer is None:
-                    continue
-                try:
-                    writer.beacon(step, t, metrics)
-                except Exception:  # a bad value must not stop the writer for everyone
-                    log.exception("tensorboard: attempt %d: a beacon was not written", attempt_id)
-                touched.add(attempt_id)
-            for attempt_id in touched:
-                if attempt_id in self._writers:
-                    self._writers[attempt_id].flush()
+            try:
+                self._write(batch, watched)
+            except Exception:  # a full or gone shared dir: the agent goes on without it
+                log.exception("tensorboard: writing beacons failed")
             for attempt_id in closing + (list(self._writers) if stopped else []):
                 writer = self._writers.pop(attempt_id, None)
-                if writer is not None:
-                    writer.close()
+                try:
+                    if writer is not None:
+                        writer.close()
+                except OSError as exc:
+                    log.warning("tensorboard: attempt %d: closing failed: %s", attempt_id, exc)
             if stopped:
                 return
+
+    def _write(self, batch: list[Beacon], watched: dict[int, tuple[Path, int, str]]) -> None:
+        touched: set[int] = set()
+        for attempt_id, _rank, step, t, metrics in batch:
+            writer = self._writer(attempt_id, watched)
+            if writer is None:
+                continue
+            try:
+                writer.beacon(step, t, metrics)
+            except (TypeError, ValueError, OverflowError):  # a value protobuf refuses
+                log.exception("tensorboard: attempt %d: a beacon was not written", attempt_id)
+            touched.add(attempt_id)
+        for attempt_id in touched:
+            self._writers[attempt_id].flush()
 
     def _writer(
         self, attempt_id: int, watched: dict[int, tuple[Path, int, str]]
@@ -127,8 +135,11 @@ class TensorBoardTap:
                 writer = self._writers[attempt_id] = StepScalars(
                     logdir, attempt=number, reason=reason
                 )
-            except OSError as exc:
-                log.warning("tensorboard: cannot write under %s: %s", logdir, exc)
+            except (OSError, ImportError) as exc:  # not writable; tensorboard not installed
+                log.warning(
+                    "tensorboard: attempt %d: not written to %s: %s", attempt_id, logdir, exc
+                )
+                del watched[attempt_id]
                 with self._lock:
                     self._watched.pop(attempt_id, None)
         return writer

@@ -88,7 +88,7 @@ class GoodputFollower:
                     tensorboard_dir(self.shared_dir, job.id)
                 )
             return int(writer.write(report, now))
-        except OSError as exc:  # the shared dir is full or gone: the next look retries
+        except (OSError, ImportError) as exc:  # the shared dir is full or gone: retried
             log.warning("tensorboard: goodput of job %d not written: %s", job.id, exc)
             return 0
 
