@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 
+from trainpod.agent.accounts import AccountError, run_as
 from trainpod.agent.beacons import Beacon
 from trainpod.api.models import LaunchOrder
 from trainpod.telemetry.tensorboard import ENV, StepScalars
@@ -27,6 +28,17 @@ __all__ = ["QUEUE_LIMIT", "TensorBoardTap"]
 
 QUEUE_LIMIT = 100_000
 """Beacons waiting to be written, at most; beyond it the newest are dropped (counted)."""
+
+
+def give(logdir: Path, account: str) -> None:
+    """Make the job's logdir its owner's (ranks that run as an account write their own
+    ``SummaryWriter`` runs there); trainpod's runs inside stay the agent's and controller's.
+    Where that cannot be done the rank fails for the same reason, or the script sees it."""
+    try:
+        logdir.mkdir(parents=True, exist_ok=True)
+        run_as(account).own(logdir)
+    except (AccountError, OSError) as exc:
+        log.warning("tensorboard: %s not given to account %s: %s", logdir, account, exc)
 
 
 class TensorBoardTap:
@@ -58,7 +70,10 @@ class TensorBoardTap:
         with self._lock:
             if order.attempt_id in self._forgotten:
                 return False
+            known = order.attempt_id in self._watched
             self._watched[order.attempt_id] = (Path(logdir), order.attempt_number, reason)
+        if order.account is not None and not known:
+            give(Path(logdir), order.account)
         return True
 
     def forget(self, attempt_id: int) -> None:
