@@ -70,12 +70,11 @@ def tensorboard(
         job = client.job(job_id)  # NotFound names the job
         shared = Path(client.cluster().shared_dir)
     logdir = tensorboard_dir(shared, job.id)
-    if not logdir.is_dir():
+    if not logdir.is_dir():  # TensorBoard shows it once it appears
         console.print(
-            f"job {job.id} has written no TensorBoard data yet ({logdir}); it appears with its "
-            "first step"
+            f"no TensorBoard data for job {job.id} at {logdir} yet: it appears with the job's "
+            "first step (the cluster's shared dir must be mounted where this command runs)"
         )
-        logdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port(host)
     url = f"http://{host}:{port}/"
     # TensorBoard logs to stderr all along: a file, not a pipe nobody drains once it runs.
