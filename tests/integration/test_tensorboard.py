@@ -59,6 +59,8 @@ def test_a_killed_and_resumed_job_shows_each_step_once_and_its_restart(
     script = [s for s, _ in scalars(read(logdir / "script"), "value")]
     assert script == list(range(1, STEPS + 1))
     check_tensorboard_serves(cluster, t, logdir)
+    unknown = cluster.cli("tensorboard", "999", check=False)
+    assert unknown.returncode == 2 and "999" in unknown.stderr, unknown.stderr
 
 
 def check_step_scalars(t: Training, run: Path, resume: int) -> None:
