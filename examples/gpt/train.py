@@ -435,7 +435,11 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         steps_done += 1
         steps_since_log += 1
-        trainpod.report(step, tokens=args.batch_size * args.seq_len)  # a datagram; never blocks
+        # A datagram; never blocks. loss and lr become the job's TensorBoard scalars
+        # (metrics/loss, metrics/lr); loss.item() waits for the step on a GPU.
+        trainpod.report(
+            step, tokens=args.batch_size * args.seq_len, loss=loss.item(), lr=lr_at(step, args)
+        )
         last = step == args.steps
         # Also the first step after a checkpoint: a run resumed from it logs that step first,
         # so the two lines can be compared (`trainpod demo` does).

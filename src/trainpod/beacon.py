@@ -35,7 +35,9 @@ Wire format (one message, UTF-8 compact JSON object; unknown keys are ignored)::
 ``"v"`` is the wire version (a receiver ignores versions it does not know), ``"s"`` is absent
 in a heartbeat, ``"m"`` when there are no metrics. Metric keys the agent understands:
 ``checkpoint_step`` (a checkpoint covering this step was written), ``checkpoint_stall_s``
-(seconds the loop was blocked saving), ``tokens`` (tokens processed in this step). Values
+(seconds the loop was blocked saving), ``tokens`` (tokens processed in this step); every
+other number (``loss=...``) is plotted as ``metrics/<name>`` in the job's TensorBoard logdir
+(ADR 0021; rank 0's reports, at most 64 names per attempt). Values
 that JSON cannot carry (a tensor, a NumPy float32) are sent as ``float()`` of them, else as
 ``str()``. Keep a message well under 64 KiB.
 """

@@ -101,6 +101,7 @@ def test_trainpod_variables(cfg: ControllerConfig, tmp_path: Path) -> None:
     assert env["TRAINPOD_SHARED_DIR"] == str(tmp_path / "shared")
     assert env["TRAINPOD_CHECKPOINT_URI"] == f"file://{tmp_path / 'checkpoints'}/job-7"
     assert env["TRAINPOD_CHECKPOINT_DIR"] == f"{tmp_path / 'checkpoints'}/job-7"
+    assert env["TRAINPOD_TENSORBOARD_DIR"] == str(tmp_path / "shared" / "tensorboard" / "job-7")
     assert order(cfg, 0).env["TRAINPOD_JOB_NAME"] == "python train.py"  # the default name
 
 

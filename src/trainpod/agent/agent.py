@@ -24,6 +24,7 @@ from trainpod.agent.lifecycle import LifecycleRunner
 from trainpod.agent.monitor import DeepChecker, HealthMonitor
 from trainpod.agent.persisters import CheckpointHub
 from trainpod.agent.slurmnotice import SlurmNoticeWatch
+from trainpod.agent.tensorboard import TensorBoardTap
 from trainpod.api.models import AttemptReport, Heartbeat, Orders
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import ControllerUnavailable, TrainpodError
@@ -53,6 +54,7 @@ class Agent:
         allocation: dict[str, Any] | None = None,
         checkpoints: CheckpointHub | None = None,
         slurm_notice: SlurmNoticeWatch | None = None,
+        tensorboard: TensorBoardTap | None = None,
     ) -> None:
         """``facts`` is a zero-argument callable returning the node's current facts.
 
@@ -81,6 +83,7 @@ class Agent:
         # Slurm: {"allocation": job id, "allocation_round": restarts, "group", "devices"}.
         self._allocation = dict(allocation or {})
         self._slurm_notice = slurm_notice  # Slurm's preemption notice (the batch trap's file)
+        self._tensorboard = tensorboard  # rank 0's beacons -> the job's TensorBoard scalars
         self.exit_code = 0
 
     def notify(self) -> None:
@@ -129,6 +132,8 @@ class Agent:
         if self._beacons is not None:
             for gone in {r.attempt_id for r in reports} - self.launcher.attempt_ids():
                 self._beacons.forget(gone)
+                if self._tensorboard is not None:
+                    self._tensorboard.forget(gone)
         self._apply(orders)
         return orders
 
@@ -164,6 +169,8 @@ class Agent:
             if self._chaos is not None and orders.chaos:
                 self._chaos.execute(orders.chaos)
             for launch in orders.launch:
+                if self._tensorboard is not None:  # before its ranks can send a beacon
+                    self._tensorboard.watch(launch)
                 if self.launcher.launch(launch):
                     log.info(
                         "order: launched attempt %d of job %d, ranks %s",

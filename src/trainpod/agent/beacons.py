@@ -15,7 +15,7 @@ import socket
 import statistics
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,11 +289,21 @@ class BeaconServer:
     Raises :class:`~trainpod.errors.Fatal` when ``path`` is too long for ``AF_UNIX`` or is
     not a socket, :class:`~trainpod.errors.Conflict` when a live server already owns it.
     ``mode``: permission bits of the socket file (only the agent's user can connect by default).
+    ``tap``: also given every booked batch, on the receiver thread (it must not block: the
+    TensorBoard writer queues what it wants).
     """
 
-    def __init__(self, path: Path, book: BeaconBook | None = None, *, mode: int = 0o600) -> None:
+    def __init__(
+        self,
+        path: Path,
+        book: BeaconBook | None = None,
+        *,
+        mode: int = 0o600,
+        tap: Callable[[list[Beacon]], None] | None = None,
+    ) -> None:
         self.path = Path(path)
         self.book = book if book is not None else BeaconBook()
+        self._tap = tap
         self.received = 0
         """Valid beacons booked so far."""
         self.bad = 0
@@ -325,6 +335,8 @@ class BeaconServer:
             self._batch = []
             self.received += len(parsed)
             self.book.record_many(parsed, self.book.clock.now())
+            if self._tap is not None:
+                self._tap(parsed)
 
     def _drain(self, conn: socket.socket) -> bool:
         """Read every queued message of one connection; False (close it) on EOF or error."""

@@ -22,6 +22,7 @@ from trainpod.agent.monitor import DeepChecker, HealthMonitor, deep_runner
 from trainpod.agent.persisters import CheckpointHub
 from trainpod.agent.slurmnotice import ENV as SLURM_NOTICE_ENV
 from trainpod.agent.slurmnotice import SlurmNoticeWatch
+from trainpod.agent.tensorboard import TensorBoardTap
 from trainpod.agent.warmstart import WarmStarter
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import NotFound
@@ -114,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     client = TrainpodClient(record.url, read_secret(paths.agent_token))
     paths.runtime_dir.mkdir(mode=0o700, exist_ok=True)
     beacon_path = paths.runtime_dir / f"{args.node}.sock"
-    server = BeaconServer(beacon_path)
+    tensorboard = TensorBoardTap()
+    server = BeaconServer(beacon_path, tap=tensorboard.offer)
     node_env["TRAINPOD_BEACON_SOCKET"] = str(beacon_path)
     # Checkpoints: workers hand committed shared-memory steps to this agent, whose persister
     # processes copy them to scratch, peer and durable (they outlive a crashed worker).
@@ -183,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         allocation=slurm,
         checkpoints=hub,
         slurm_notice=slurm_notice,
+        tensorboard=tensorboard,
     )
 
     def stop(signum: int, _frame: FrameType | None) -> None:
@@ -197,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         agent.run()
     finally:
         server.close()
+        tensorboard.close()
         hub.close()
     if agent.exit_code:
         raise SystemExit(agent.exit_code)

@@ -49,6 +49,7 @@ from trainpod.paths import ClusterPaths, ClusterRecord, read_secret
 from trainpod.spec.job import JobSpec
 from trainpod.spec.loading import load_cluster_spec
 from trainpod.telemetry.goodput import compute_goodput
+from trainpod.telemetry.tensorboard import tensorboard_dir
 
 # Who speaks: "[...]" is markup to rich, so the brackets are escaped.
 _TRAINPOD = "[bold magenta]\\[trainpod][/]"
@@ -355,3 +356,17 @@ def _next_steps(record: ClusterRecord, job_id: int, wall_s: float) -> None:
     ]:
         console.print(f"  {cmd:<42} {what}", soft_wrap=True)
     console.print(f"  checkpoints: {ckpt_dir}", soft_wrap=True)
+    console.print()
+    for line in where_to_look(record, job_id):
+        console.print(line, soft_wrap=True, highlight=False)
+
+
+def where_to_look(record: ClusterRecord, job_id: int) -> list[str]:
+    """The demo's last lines: the dashboard, the Prometheus endpoint, the job's TensorBoard."""
+    logdir = tensorboard_dir(Path(record.shared_dir), job_id)
+    return [
+        "[bold]where to look[/]",
+        f"  dashboard    {record.url}/ui",
+        f"  Prometheus   {record.url}/metrics",
+        f"  TensorBoard  trainpod tensorboard {job_id}  (loss, step rate, goodput; {logdir})",
+    ]

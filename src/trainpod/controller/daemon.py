@@ -23,6 +23,7 @@ from trainpod.controller.config import ControllerConfig, NodeDecl, PreemptionCon
 from trainpod.controller.core import Controller
 from trainpod.controller.external import Scheduling
 from trainpod.controller.ops import ClusterOps
+from trainpod.controller.tensorboard import GoodputFollower
 from trainpod.paths import ClusterPaths, ClusterRecord, read_secret
 from trainpod.spec.loading import load_recorded_spec
 from trainpod.spec.sharing import quota_nodes
@@ -207,6 +208,13 @@ def main(argv: list[str] | None = None) -> None:
             target=run_observer, args=(controller, parts.ops, stop), daemon=True
         )
         watch.start()
+    goodput = GoodputFollower(
+        shared_dir=config.shared_dir,
+        active_jobs=lambda: controller.job_infos(include_ended=False),
+        job=controller.job_info,
+        events=lambda job_id: controller.event_infos(job_id=job_id),
+    )
+    threading.Thread(target=goodput.run, args=(stop,), name="tensorboard", daemon=True).start()
     log.info("controller for %s listening on %s", record.name, record.url)
     try:
         uvicorn.run(app, host=record.host, port=record.port, log_level="warning", access_log=False)

@@ -7,6 +7,8 @@ from pathlib import Path
 from trainpod.api.models import LaunchOrder, RankSlot
 from trainpod.controller.config import ControllerConfig
 from trainpod.spec.job import JobSpec
+from trainpod.telemetry.tensorboard import ENV as TENSORBOARD_ENV
+from trainpod.telemetry.tensorboard import tensorboard_dir
 
 
 def attempt_log_dir(cfg: ControllerConfig, job_id: int, attempt_number: int) -> Path:
@@ -67,6 +69,8 @@ def node_env(
             "TRAINPOD_NODES": ",".join(nodes),
             "TRAINPOD_SHARED_DIR": str(cfg.shared_dir),
             "TRAINPOD_CHECKPOINT_URI": ckpt_uri,
+            # trainpod's scalars and the script's own SummaryWriter output (ADR 0021)
+            TENSORBOARD_ENV: str(tensorboard_dir(cfg.shared_dir, job_id)),
         }
     )
     if ckpt_dir is not None:

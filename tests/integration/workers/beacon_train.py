@@ -1,11 +1,16 @@
 """A small deterministic DDP (Gloo) "training" loop for the self-healing tests.
 
 argv: --steps N --ckpt-every K [--ckpt-dir DIR] [--step-s S] [--sync-every M]
-[--fail-at STEP [--fail-first RANK|rotate]]
+[--fail-at STEP [--fail-first RANK|rotate]] [--tensorboard]
+
+``--tensorboard``: rank 0 also writes ``value`` per step with torch's own ``SummaryWriter``
+into ``$TRAINPOD_TENSORBOARD_DIR/script`` (``purge_step`` = the resumed step; flushed at each
+checkpoint), as a user's script would.
 
 Every step sleeps ``S`` seconds ("compute"), then every ``M`` steps (default: every step)
 all-reduces a tensor, so a killed or stopped peer stalls or fails the others as real
-training does. Each rank reports each step with ``trainpod.report`` and appends
+training does. Each rank reports each step with ``trainpod.report`` (``value`` and
+``loss`` = 1 / step) and appends
 ``attempt=<TRAINPOD_ATTEMPT> step=<s>`` to ``progress-rank<r>.log`` in the checkpoint dir.
 Every K steps rank 0 writes ``ckpt-<step>.json`` = ``{"step", "value", "attempt"}`` atomically
 (tmp + os.replace) and reports ``checkpoint_step``. On start rank 0 loads the newest
@@ -66,6 +71,7 @@ def main() -> None:
     ap.add_argument("--sync-every", type=int, default=1)
     ap.add_argument("--fail-at", type=int, default=None)
     ap.add_argument("--fail-first", default="0")
+    ap.add_argument("--tensorboard", action="store_true")
     args = ap.parse_args()
     assert args.ckpt_dir, "no --ckpt-dir and no TRAINPOD_CHECKPOINT_DIR"
     ckpt_dir = Path(args.ckpt_dir)
@@ -84,6 +90,13 @@ def main() -> None:
     start, value = int(state[0].item()) + 1, float(state[1].item())
     progress.write(f"attempt={attempt} resume={start}\n")
     print(f"rank {rank}/{world} attempt {attempt}: resuming at step {start}", flush=True)
+
+    writer = None
+    if args.tensorboard and rank == 0:
+        from torch.utils.tensorboard import SummaryWriter
+
+        tb = Path(os.environ["TRAINPOD_TENSORBOARD_DIR"]) / "script"
+        writer = SummaryWriter(str(tb), purge_step=start, flush_secs=1)
 
     pending: list[torch.Tensor] = []
     for step in range(start, args.steps + 1):
@@ -106,11 +119,17 @@ def main() -> None:
                 save(ckpt_dir, step, value, attempt)
                 saved = True
         progress.write(f"attempt={attempt} step={step}\n")
+        if writer is not None:
+            writer.add_scalar("value", value, step)
+            if saved:  # what a checkpoint covers is on disk too (a teardown kills unflushed)
+                writer.flush()
         if saved:
-            trainpod.report(step, value=value, checkpoint_step=step)
+            trainpod.report(step, value=value, loss=1.0 / step, checkpoint_step=step)
         else:
-            trainpod.report(step, value=value)
+            trainpod.report(step, value=value, loss=1.0 / step)
 
+    if writer is not None:
+        writer.close()
     print(f"done steps={args.steps} value={value:.0f}", flush=True)
     progress.close()
     dist.barrier()
