@@ -21,14 +21,9 @@ import pytest
 from trainpod.agent.persisters import CheckpointHub
 from trainpod.ckpt.handoff import AgentLink, PersistStatus, TierConfig
 from trainpod.ckpt.manifest import METADATA, FileEntry, Manifest
-from trainpod.ckpt.persist import (
-    Persister,
-    Request,
-    StatusReport,
-    parse_line,
-    parse_request,
-    part_path,
-)
+from trainpod.ckpt.parts import part_path
+from trainpod.ckpt.persist import Persister
+from trainpod.ckpt.persistwire import Request, StatusReport, parse_line, parse_request
 from trainpod.ckpt.tiers import FsTier, step_name
 from trainpod.testing.wait import wait_until
 
@@ -133,7 +128,7 @@ def test_a_waiting_node_commits_when_the_last_writer_died_before_the_manifest(
     p0 = persister(tmp_path, "n0", [])
     assert p0.round(request(tmp_path, "n0")) == "waiting"
     # n1 uploaded its part and its marker, then died before writing the manifest.
-    from trainpod.ckpt.persist import write_part
+    from trainpod.ckpt.parts import write_part
     from trainpod.ckpt.tiers import Meter
 
     durable = FsTier("durable", tmp_path / "durable")
@@ -263,7 +258,8 @@ def test_the_workers_status_parser_checks_every_field() -> None:
 def test_the_workers_side_of_the_wire_does_not_import_pydantic() -> None:
     code = (
         "import sys, trainpod.ckpt.checkpointer, trainpod.ckpt.pipeline, trainpod.ckpt.handoff;"
-        "print(sorted(m for m in ('pydantic', 'trainpod.ckpt.persist') if m in sys.modules))"
+        "print(sorted(m for m in ('pydantic', 'trainpod.ckpt.persist', 'trainpod.ckpt.persistwire')"
+        " if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

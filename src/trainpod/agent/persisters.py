@@ -40,13 +40,8 @@ from trainpod.agent.unixsock import SeqpacketServer
 from trainpod.api.models import CheckpointReport, CheckpointUpload
 from trainpod.ckpt.handoff import MAX_MESSAGE, WIRE_VERSION, PersistStatus
 from trainpod.ckpt.layout import SHM_ROOT
-from trainpod.ckpt.persist import (
-    DEFAULT_NICE,
-    PersistReport,
-    StatusReport,
-    parse_line,
-    parse_request,
-)
+from trainpod.ckpt.persist import DEFAULT_NICE
+from trainpod.ckpt.persistwire import PersistReport, StatusReport, parse_line, parse_request
 from trainpod.ckpt.tiers import step_name
 
 log = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class TierConfig:
     """Where one node's tiers of one job live; JSON-able (``to_dict``; the agent's side
-    parses it with the hand-off request, see :func:`trainpod.ckpt.persist.parse_request`).
+    parses it with the hand-off request, see :func:`trainpod.ckpt.persistwire.parse_request`).
 
     Raises ``ValueError`` for an empty ``node`` or a ``peer_holder`` without a root."""
 

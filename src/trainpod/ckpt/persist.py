@@ -30,8 +30,9 @@ A failed durable copy is retried with exponential backoff, always for the newest
 step; a failed scratch or peer copy is skipped until the next step (the pipeline's semantics).
 Reports, one JSON object a line: :class:`PersistReport` (``committed``, ``failed``),
 :class:`StatusReport` (``status``, ``exited``) and :class:`Started`; the agent reads them
-with :func:`parse_line`. This module imports pydantic: only the agent and the persister
-import it, never a worker.
+with :func:`~trainpod.ckpt.persistwire.parse_line` (the wire: :mod:`trainpod.ckpt.persistwire`;
+the commit's part markers: :mod:`trainpod.ckpt.parts`). This module imports pydantic: only
+the agent and the persister import it, never a worker.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ import argparse
 import dataclasses
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -51,13 +51,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
-
-from pydantic import Field, TypeAdapter
+from typing import Any, Literal
 
 from trainpod.ckpt.errors import CheckpointError, ManifestError
 from trainpod.ckpt.handoff import PersistStatus, TierConfig, build_tiers
-from trainpod.ckpt.manifest import MANIFEST, METADATA, Manifest
+from trainpod.ckpt.manifest import MANIFEST, Manifest
+from trainpod.ckpt.parts import global_names, is_committed, try_commit, write_part
+from trainpod.ckpt.persistwire import (
+    PersistReport,
+    Request,
+    StatusReport,
+    parse_request,
+)
 from trainpod.ckpt.tiers import FsTier, Meter, Tier, step_name
 
 log = logging.getLogger(__name__)
@@ -66,165 +71,10 @@ DEFAULT_NICE = 19
 """The persister's niceness: the lowest CPU priority. On a busy 2-core machine it costs the
 training loop ~1% instead of 8% at 10 (benchmarks/checkpoint.py); on a GPU node the cores the
 loop leaves idle do the copying at full speed."""
-PART_FORMAT = "trainpod-ckpt-part/1"
-PARTS = "parts"
 Emit = Callable[[dict[str, Any]], None]
 
 
-# -- the decentralised durable commit ------------------------------------------------------
-def manifest_digest(m: Manifest) -> str:
-    return hashlib.sha256(m.to_json()).hexdigest()
-
-
-def parts_needed(m: Manifest) -> set[str]:
-    """The nodes whose part a global tier needs: every node with data files, and the node
-    whose ``.metadata`` entry it is (that node uploads it)."""
-    needed = {f.node for f in m.files if f.rank is not None}
-    meta = m.entry(METADATA)
-    if meta is not None:
-        needed.add(meta.node)
-    return needed
-
-
-def global_names(m: Manifest, node: str) -> list[str]:
-    """The files ``node`` uploads to a global tier: its ranks' files (and ``.metadata`` when
-    the manifest names it as its writer, so exactly one node writes each file)."""
-    names = [f.name for f in m.files if f.rank is not None and f.node == node]
-    meta = m.entry(METADATA)
-    if meta is not None and meta.node == node:
-        names.append(METADATA)
-    return names
-
-
-def part_path(tier: FsTier, step: int, node: str) -> str:
-    return f"{tier.step_dir(step)}/{PARTS}/{node}.json"
-
-
-def write_part(tier: FsTier, m: Manifest, node: str) -> None:
-    """Say atomically that ``node``'s part of ``m`` is in ``tier`` (after uploading it)."""
-    body = {"format": PART_FORMAT, "node": node, "step": m.step, "manifest": manifest_digest(m)}
-    tier.write_whole(part_path(tier, m.step, node), json.dumps(body).encode())
-
-
-def has_part(tier: FsTier, m: Manifest, node: str) -> bool:
-    """Whether ``tier`` holds a valid marker of ``node``'s part of exactly ``m``. A missing,
-    torn or foreign marker (another attempt's checkpoint of the same step) is not one."""
-    try:
-        body = json.loads(tier.fs.cat_file(part_path(tier, m.step, node)))
-    except FileNotFoundError:
-        return False
-    except ValueError:
-        return False
-    return (
-        isinstance(body, dict)
-        and body.get("format") == PART_FORMAT
-        and body.get("node") == node
-        and body.get("step") == m.step
-        and body.get("manifest") == manifest_digest(m)
-    )
-
-
-def is_committed(tier: FsTier, m: Manifest) -> bool:
-    """Whether ``tier`` has ``m`` itself committed (not another attempt's same step)."""
-    try:
-        data = bytes(tier.fs.cat_file(f"{tier.step_dir(m.step)}/{MANIFEST}"))
-        return Manifest.from_json(data) == m
-    except (FileNotFoundError, ManifestError):
-        return False
-
-
-def try_commit(tier: FsTier, m: Manifest) -> bool:
-    """Commit ``m`` to the global ``tier`` if every needed part is there; True once it is
-    committed (by this call or by another node's). Idempotent; raises what the store raises."""
-    if is_committed(tier, m):
-        return True
-    if not all(has_part(tier, m, n) for n in sorted(parts_needed(m))):
-        return False
-    tier.commit(m.step, m)
-    return True
-
-
 # -- one node's persister -------------------------------------------------------------------
-@dataclass(frozen=True)
-class Request:
-    """One hand-off: persist ``step`` of this job (the newest step wins). On the wire: the
-    ``persist`` request of :mod:`trainpod.ckpt.handoff` (parse it with :func:`parse_request`).
-    Raises ``ValueError`` for a negative step or a non-positive ``retry_base_s``."""
-
-    step: int
-    config: Annotated[TierConfig, Field(alias="tiers")]
-    job_id: int | None = None
-    attempt_id: int | None = None
-    retry_base_s: float = 1.0
-    durable: bool = True
-    """Whether the step goes to the global tiers too (the workers decided it together: see
-    :class:`Persister`); node tiers take every step."""
-    stall_s: float | None = None
-    """How long the save stalled training (the agent reports it with the saved step)."""
-    nbytes: Annotated[int, Field(alias="bytes")] = 0
-    """The size of this node's part of the step."""
-
-    def __post_init__(self) -> None:
-        if self.step < 0:
-            raise ValueError(f"step must be a non-negative int, got {self.step!r}")
-        if not self.retry_base_s > 0:
-            raise ValueError(f"retry_base_s must be a positive number, got {self.retry_base_s!r}")
-
-
-@dataclass(frozen=True)
-class PersistReport:
-    """A copy of a step to one tier committed or failed: a line on the persister's stdout."""
-
-    event: Literal["committed", "failed"]
-    tier: str
-    """The tier, or "config" when the tiers could not be built."""
-    step: int
-    job_id: int | None = None
-    attempt_id: int | None = None
-    bytes: int = 0
-    seconds: float = 0.0
-    since_save_s: float | None = None
-    """Committed: how long after the save of the step (the manifest's time)."""
-    reason: str = ""
-    """Failed: why."""
-    wrote_manifest: bool = False
-    """Committed to a global tier: this node wrote the manifest (the commit) itself."""
-
-
-@dataclass(frozen=True)
-class StatusReport:
-    """The persister's status: after each change (``status``) and as its last line (``exited``)."""
-
-    event: Literal["status", "exited"]
-    status: PersistStatus
-
-
-@dataclass(frozen=True)
-class Started:
-    """The persister holds the job's lock and starts on the requests."""
-
-    event: Literal["started"]
-    pid: int
-
-
-PersisterLine = PersistReport | StatusReport | Started
-_REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
-_LINE: TypeAdapter[PersisterLine] = TypeAdapter(
-    Annotated[PersisterLine, Field(discriminator="event")]
-)
-
-
-def parse_request(data: str | bytes) -> Request:
-    """A ``persist`` request from its JSON (unknown keys are ignored). Raises ``ValueError``
-    (pydantic's ``ValidationError``) naming each bad field."""
-    return _REQUEST.validate_json(data, strict=True)
-
-
-def parse_line(data: str | bytes) -> PersisterLine:
-    """One line of the persister's stdout. Raises ``ValueError`` for anything else."""
-    return _LINE.validate_json(data, strict=True)
-
-
 @dataclass
 class _Waiting:
     """A step whose part this node has put into the global tiers; the others' are not in."""
