@@ -435,11 +435,6 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         steps_done += 1
         steps_since_log += 1
-        # A datagram; never blocks. loss and lr become the job's TensorBoard scalars
-        # (metrics/loss, metrics/lr); loss.item() waits for the step on a GPU.
-        trainpod.report(
-            step, tokens=args.batch_size * args.seq_len, loss=loss.item(), lr=lr_at(step, args)
-        )
         last = step == args.steps
         # Also the first step after a checkpoint: a run resumed from it logs that step first,
         # so the two lines can be compared (`trainpod demo` does).
@@ -448,8 +443,15 @@ def main(argv: list[str] | None = None) -> int:
             or step in (start, saved + 1)
             or bool(args.log_every and step % args.log_every == 0)
         )
+        metrics = {"tokens": args.batch_size * args.seq_len, "lr": lr_at(step, args)}
         if logged:
             loss_val = mean_over_ranks(loss.item(), device, distributed)
+            metrics["loss"] = loss_val
+        # A datagram; never blocks. lr and loss become the job's TensorBoard scalars
+        # (metrics/lr, metrics/loss); loss only on logged steps: loss.item() waits for the
+        # step on a GPU, so reading it every step would stall the pipeline.
+        trainpod.report(step, **metrics)
+        if logged:
             now = time.perf_counter()
             tok_s = steps_since_log * tokens_per_step / max(now - t_log, 1e-9)
             log(f"step {step}/{args.steps} loss {loss_val:.4f} tok/s {tok_s:.0f} (world {world})")
