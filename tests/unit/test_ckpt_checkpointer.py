@@ -99,6 +99,14 @@ def test_a_kept_memory_tier_is_what_the_next_process_loads_first(tmp_path: Path)
     assert not list((tmp_path / "shm").glob("*/*"))  # the default close released it
 
 
+def test_leaving_on_an_exception_keeps_the_memory_tier_for_the_restart(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="the loop broke"), checkpointer(tmp_path) as ck:
+        ck.save(3, make_state(3.0))
+        assert ck.wait(30)
+        raise RuntimeError("the loop broke")
+    assert [p.name for p in (tmp_path / "shm").glob("*/*/step-*")] == ["step-0000000003"]
+
+
 def test_under_trainpod_the_memory_tier_is_left_to_the_agent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -360,8 +360,10 @@ class Checkpointer:
     def __enter__(self) -> Checkpointer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # Leaving on an exception: a restart is likely, and the memory tier is its fastest
+        # source, so it is kept (a clean exit releases it outside trainpod).
+        self.close(release_memory=False if exc_type is not None else None)
 
     # ------------------------------------------------------------------ internals
     def _agent_link(
