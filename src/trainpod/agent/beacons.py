@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainpod.agent.accounts import Grants
 from trainpod.agent.unixsock import SeqpacketServer
 from trainpod.api.models import RankBeacon
 from trainpod.beacon import WIRE_VERSION
@@ -289,15 +290,32 @@ class BeaconServer:
     Raises :class:`~trainpod.errors.Fatal` when ``path`` is too long for ``AF_UNIX`` or is
     not a socket, :class:`~trainpod.errors.Conflict` when a live server already owns it.
     ``mode``: permission bits of the socket file (only the agent's user can connect by default).
+
+    Only root and the agent's user connect to ``path``; a rank that runs as a POSIX account
+    connects to a socket :meth:`add_listener` opened for it, and what it sends is booked only
+    for the attempts ``grants`` gives its uid (the others are dropped, counted in
+    ``refused``): no account reports progress for another's job.
     """
 
-    def __init__(self, path: Path, book: BeaconBook | None = None, *, mode: int = 0o600) -> None:
+    def __init__(
+        self,
+        path: Path,
+        book: BeaconBook | None = None,
+        *,
+        mode: int = 0o600,
+        grants: Grants | None = None,
+    ) -> None:
         self.path = Path(path)
         self.book = book if book is not None else BeaconBook()
+        self.grants = grants if grants is not None else Grants()
         self.received = 0
         """Valid beacons booked so far."""
         self.bad = 0
         """Messages that were not valid beacons (ignored)."""
+        self.refused = 0
+        """Beacons from an account for an attempt that is not its own (dropped, logged once
+        per uid and attempt)."""
+        self._told: set[tuple[int, int]] = set()
         self._batch: list[Beacon] = []  # parsed in one wake-up of the server's thread
         self._server = SeqpacketServer(
             self.path,
@@ -315,6 +333,16 @@ class BeaconServer:
         return self._server.connections
 
     @property
+    def refused_connections(self) -> int:
+        """Connections refused for their peer's uid (see :mod:`trainpod.agent.unixsock`)."""
+        return self._server.refused
+
+    def add_listener(self, path: Path, *, uid: int, gid: int) -> None:
+        """Receive on ``path`` too, from the account ``uid`` (see
+        :meth:`~trainpod.agent.unixsock.SeqpacketServer.add_listener`)."""
+        self._server.add_listener(path, uid=uid, gid=gid)
+
+    @property
     def alive(self) -> bool:
         """Whether the receiver thread is booking beacons (False after close or a crash)."""
         return self._server.alive
@@ -326,8 +354,10 @@ class BeaconServer:
             self.received += len(parsed)
             self.book.record_many(parsed, self.book.clock.now())
 
-    def _drain(self, conn: socket.socket) -> bool:
+    def _drain(self, conn: socket.socket, uid: int) -> bool:
         """Read every queued message of one connection; False (close it) on EOF or error."""
+        if not self.grants.trusted(uid):
+            return self._drain_account(conn, uid)
         recv, parse, parsed = conn.recv, parse_beacon, self._batch
         while True:
             try:
@@ -343,6 +373,33 @@ class BeaconServer:
                 self.bad += 1
             else:
                 parsed.append(beacon)
+
+    def _drain_account(self, conn: socket.socket, uid: int) -> bool:
+        """:meth:`_drain` for a rank of an account: only its own attempts' beacons count."""
+        while True:
+            try:
+                data = conn.recv(MAX_MESSAGE)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                data = b""
+            if not data:
+                return False
+            beacon = parse_beacon(data)
+            if beacon is None:
+                self.bad += 1
+            elif self.grants.may_report(uid, beacon[0]):
+                self._batch.append(beacon)
+            else:
+                self.refused += 1
+                if (uid, beacon[0]) not in self._told:
+                    self._told.add((uid, beacon[0]))
+                    log.warning(
+                        "dropped beacons from uid %d for attempt %d: it does not run as that "
+                        "account on this node",
+                        uid,
+                        beacon[0],
+                    )
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop receiving, close every connection and remove the socket file. Idempotent;
