@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import stat
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import Cluster
+from tests.integration.test_interactive import Terminal, open_terminal
 from trainpod.api.models import NewToken
 from trainpod.client.http import TrainpodClient
 from trainpod.spec.job import JobSpec
@@ -219,3 +221,83 @@ def test_an_accounts_rank_reports_progress_and_commits_checkpoints_and_nobody_el
         c.wait_job(job.id)
     finally:
         shutil.rmtree(durable, ignore_errors=True)
+
+
+WHO = (
+    'echo "WHO=$(id -un) HOME=$HOME LEAK=${TRAINPOD_TEST_AGENT_SECRET-none}'
+    ' JOB=${TRAINPOD_JOB_ID-none}"'
+)
+WHOAMI = re.compile(r"WHO=(?P<who>[\w-]+) HOME=(?P<home>/\S+) LEAK=(?P<leak>\S+) JOB=(?P<job>\S+)")
+
+
+@pytest.fixture
+def terminals() -> Iterator[list[Terminal]]:
+    made: list[Terminal] = []
+    yield made
+    for t in made:
+        t.close()
+
+
+@pytest.fixture
+def shim() -> Iterator[Path]:
+    """A dir whose ``python`` other accounts may run (ours is under /root): the hold process
+    of `trainpod alloc`, which runs as the account, starts ``python``."""
+    d = Path(tempfile.mkdtemp(prefix="tp-py-", dir="/tmp"))
+    d.chmod(0o755)
+    (d / "python").symlink_to(SYSTEM_PYTHON)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="needs /usr/bin/python3 for accounts")
+def test_shells_of_a_job_and_of_an_allocation_run_as_the_callers_account(
+    make_cluster_from_spec: Callable[[str], Cluster],
+    accounts: tuple[str, str],
+    scratch: str,
+    shim: Path,
+    terminals: list[Terminal],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    alice_account, bob_account = accounts
+    monkeypatch.setenv("TRAINPOD_TEST_AGENT_SECRET", "root-only")  # the CLI has it: not the shell
+    c = make_cluster_from_spec(SPEC.format(alice=alice_account, bob=bob_account, scratch=scratch))
+    alice = c.client.add_user(NewToken(name="alice")).token
+    monkeypatch.setenv("TRAINPOD_TOKEN", alice)  # the terminals' CLI is alice's
+    with TrainpodClient(c.record.url, alice) as user:
+        job = user.submit(JobSpec(command=["sleep", "600"], workdir="/tmp"))
+    c.wait_job(job.id, {"running"})
+
+    term = open_terminal(terminals, c, "shell", str(job.id), "--shell", "sh -i")
+    term.expect(f"the shell runs as account {alice_account}")
+    term.child.sendline(WHO)
+    seen = term.expect(WHOAMI)
+    assert (seen["who"], seen["home"]) == (alice_account, f"/home/{alice_account}")
+    assert (seen["leak"], seen["job"]) == ("none", str(job.id))
+    term.child.sendline("exit 0")
+    assert term.exit_code() == 0
+    c.client.cancel(job.id)
+    c.wait_job(job.id)
+
+    python = os.pathsep.join([*os.environ["PYTHONPATH"].split(os.pathsep), PURELIB])
+    term = open_terminal(
+        terminals,
+        c,
+        "alloc",
+        "--shell",
+        "sh -i",
+        "--env",
+        f"PATH={shim}:/usr/bin:/bin",
+        "--env",
+        f"PYTHONPATH={python}",
+    )
+    alloc_id = int(term.expect(r"allocation (\d+) ")[1])
+    term.expect(f"the shell runs as account {alice_account}")
+    term.child.sendline(WHO)
+    seen = term.expect(WHOAMI)
+    assert (seen["who"], seen["job"], seen["leak"]) == (alice_account, str(alloc_id), "none")
+    term.child.sendline("exit 0")
+    assert term.exit_code() == 0
+    assert c.wait_job(alloc_id).state == "cancelled"

@@ -207,7 +207,7 @@ def create_app(
         # A node's shell is a shell in the job it runs, if any: its owner's (or an admin's).
         held = job if job is not None or node is None else controller.job_on(node)
         controller.authorize(who, Action.SHELL, held)
-        return controller.shell_context(node, job)
+        return controller.shell_context(node, job, by=who)
 
     @app.post("/v1/jobs/{job_id}/steps", response_model=StepPlan, status_code=201)
     def start_step(job_id: int, req: StepRequest, who: Caller) -> StepPlan:

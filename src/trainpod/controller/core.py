@@ -255,9 +255,13 @@ class Controller:
             job = self.allocations.release(job_id, reason, now)
             return job if job.state.ended else self.cancel(job_id)
 
-    def shell_context(self, node: str | None, job_id: int | None) -> ShellContext:
+    def shell_context(
+        self, node: str | None, job_id: int | None, by: Principal | None = None
+    ) -> ShellContext:
+        """A shell's context; it runs as the caller's POSIX account, if they have one."""
         with self._lock:
-            return self.allocations.shell(node, job_id)
+            ctx = self.allocations.shell(node, job_id)
+        return ctx if by is None else ctx.model_copy(update={"account": by.account})
 
     def job_on(self, node: str) -> int | None:
         """The job a node is held by now, if any (a node's shell is a shell in it)."""
