@@ -143,7 +143,7 @@ for path in sys.argv[1:]:
 """
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 @pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="needs /usr/bin/python3 for accounts")
 def test_an_accounts_rank_reports_progress_and_commits_checkpoints_and_nobody_else_gets_in(
     make_cluster_from_spec: Callable[[str], Cluster],

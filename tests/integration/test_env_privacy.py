@@ -8,12 +8,14 @@ import json
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from tests.integration.conftest import Cluster
 from tests.integration.test_users import SPEC, as_user
 from trainpod.controller.access import HIDDEN
 
 
+@pytest.mark.timeout(300)
 def test_others_see_a_jobs_env_keys_not_its_values_nor_its_private_logs(
     make_cluster_from_spec: Callable[[str], Cluster],
 ) -> None:
