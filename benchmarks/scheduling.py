@@ -253,6 +253,7 @@ recovery:
 preemption:
   signal: SIGUSR1
   grace_s: {grace}
+  min_run_s: 0  # as Slurm's PreemptExemptTime default, so both sides compare like for like
 priority_classes:
   - {{name: high, value: 1000, preemptible: false}}
   - {{name: normal, value: 100, default: true}}

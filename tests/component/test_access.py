@@ -17,6 +17,8 @@ from fastapi.testclient import TestClient
 
 from trainpod.api.app import create_app
 from trainpod.api.models import ClusterInfo
+from trainpod.controller.access import HIDDEN
+from trainpod.controller.views import FROZEN_AFTER_S
 from trainpod.spec.sharing import PriorityClassSpec, TeamSpec, UserSpec
 from trainpod.testing import FakeClock, make_config
 
@@ -226,3 +228,29 @@ def test_hold_and_release_over_the_api_are_the_owners(s: Shared) -> None:
     assert r.status_code == 200 and r.json()["reason"].startswith("held by alice")
     r = s.http.delete(f"/v1/jobs/{job_id}/hold", headers=s.as_("alice"))
     assert r.status_code == 200 and not r.json()["reason"].startswith("held")
+
+
+def test_env_values_are_the_owners_and_admins_others_see_the_keys(s: Shared) -> None:
+    secret = {"HF_TOKEN": "hf_secret", "SEED": "7"}
+    live = submit(s, "alice", env=secret, nodes=2)  # 2 nodes of 1: stays queued
+    done = submit(s, "alice", env=secret)
+    s.http.post(f"/v1/jobs/{done}/cancel", headers=s.as_("alice"))
+    hidden = {"HF_TOKEN": HIDDEN, "SEED": HIDDEN}
+
+    def envs(caller: dict[str, str]) -> dict[int, dict[str, str]]:
+        jobs = s.http.get("/v1/jobs", headers=caller).json()
+        return {j["id"]: j["spec"]["env"] for j in jobs}
+
+    for _ in range(3):  # the third time the ended job comes from the views' cache
+        assert envs(s.as_("bob")) == {live: hidden, done: hidden}
+        for who in (s.as_("alice"), s.as_("carol"), OPERATOR):
+            assert envs(who) == {live: secret, done: secret}
+        for job_id in (live, done):
+            one = s.http.get(f"/v1/jobs/{job_id}", headers=s.as_("bob")).json()
+            assert one["spec"]["env"] == hidden and one["spec"]["user"] == "alice"
+            mine = s.http.get(f"/v1/jobs/{job_id}", headers=s.as_("alice")).json()
+            assert mine["spec"]["env"] == secret
+        s.cluster.clock.advance(FROZEN_AFTER_S + 1)
+    assert "hf_secret" not in s.http.get("/v1/events", headers=s.as_("bob")).text
+    # Not a refusal: nothing is recorded.
+    assert denials(s) == []

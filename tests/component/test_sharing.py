@@ -13,6 +13,7 @@ import pytest
 from trainpod.controller.access import Principal
 from trainpod.controller.config import PreemptionConfig
 from trainpod.errors import Conflict, Forbidden
+from trainpod.scheduler.policy import DEFAULT_MIN_RUN_S
 from trainpod.spec.job import JobSpec
 from trainpod.spec.sharing import PriorityClassSpec, QuotaAmount, TeamSpec
 from trainpod.testing import FakeClock, FakeGroup, make_config
@@ -77,7 +78,7 @@ def test_borrowing_then_reclaim_preempts_the_borrower_with_the_notice(tmp_path: 
     age(c, 10)
     c.start(borrowed)  # nlp's idle quota, lent; it has run less, so it loses less
     assert c.job(borrowed).state == "running"
-    age(c, 60)
+    age(c, DEFAULT_MIN_RUN_S + 10)  # past the minimum run: the borrower may be a victim
     theirs = submit(c, BOB)  # nlp wants its node back
     c.controller.step()
     [preempted] = c.events("job_preempted")
@@ -102,7 +103,7 @@ def test_a_higher_class_preempts_the_lower_job_that_loses_least_work(tmp_path: P
     old, recent = submit(c, BOB, priority_class="low"), submit(c, ALICE, priority_class="low")
     c.start(old)
     c.start(recent)
-    age(c, 100)
+    age(c, DEFAULT_MIN_RUN_S + 10)
     # `recent` committed a checkpoint a moment ago: preempting it loses the least.
     c.controller.store.add_event(
         c.clock.now() - 1, "checkpoint_committed", job_id=recent, step=10, tier="durable"
@@ -113,6 +114,24 @@ def test_a_higher_class_preempts_the_lower_job_that_loses_least_work(tmp_path: P
     assert preempted.job_id == recent
     assert f"job {urgent}" in preempted.data["reason"]
     assert c.job(old).state == "running"
+
+
+def test_by_default_a_job_inside_its_minimum_run_is_no_victim_until_that_ends(
+    tmp_path: Path,
+) -> None:
+    c = shared_cluster(tmp_path, nodes=1)
+    assert c.controller.cfg.preemption.min_run_s == DEFAULT_MIN_RUN_S  # nothing set: the default
+    low = submit(c, ALICE, priority_class="low")  # her own lower work: a victim but for its age
+    c.start(low)
+    age(c, 30)
+    urgent = submit(c, ALICE, priority_class="high")
+    c.controller.step()
+    assert not c.events("job_preempted")  # 30 s in: a victim now would thrash
+    assert c.job(low).state == "running"
+    assert f"waiting for job {low}'s minimum run time" in c.job(urgent).reason
+    age(c, DEFAULT_MIN_RUN_S - 30 + 4)
+    [preempted] = c.events("job_preempted")
+    assert preempted.job_id == low and f"job {urgent}" in preempted.data["reason"]
 
 
 def test_a_job_past_its_time_limit_is_stopped_and_fails_with_the_reason(tmp_path: Path) -> None:

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
+import re
 import shutil
+import stat
 import subprocess
+import sysconfig
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import Cluster
+from tests.integration.test_interactive import Terminal, open_terminal
 from trainpod.api.models import NewToken
 from trainpod.client.http import TrainpodClient
 from trainpod.spec.job import JobSpec
+from trainpod.testing.wait import wait_until
+
+PURELIB = sysconfig.get_paths()["purelib"]  # the venv's packages (torch, pydantic, fsspec)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching accounts needs root")
 
@@ -112,3 +122,182 @@ def test_an_account_that_does_not_exist_fails_the_rank_with_the_reason(
     state, log = run_as_user(c, alice, "id -un")
     assert state == "failed"
     assert "no POSIX account 'tp-nobody-here' on this node" in log
+
+
+WORKER = str(Path(__file__).parent / "workers" / "account_ckpt.py")
+# The tests' interpreter lives in root's home here, where accounts cannot run it; the
+# system's Python (the same 3.11) with the venv's packages on the path stands in for it.
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+# Connects to argv[1..] as whoever runs it; prints one word per socket.
+_CONNECT = """
+import socket, sys
+for path in sys.argv[1:]:
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        c.connect(path)
+        print("connected")
+    except OSError as exc:
+        print(type(exc).__name__)
+    finally:
+        c.close()
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="needs /usr/bin/python3 for accounts")
+def test_an_accounts_rank_reports_progress_and_commits_checkpoints_and_nobody_else_gets_in(
+    make_cluster_from_spec: Callable[[str], Cluster],
+    accounts: tuple[str, str],
+    scratch: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    alice_account, bob_account = accounts
+    path = os.pathsep.join([*os.environ.get("PYTHONPATH", "").split(os.pathsep), PURELIB])
+    monkeypatch.setenv("PYTHONPATH", path.strip(os.pathsep))  # the agents' persisters get it
+    monkeypatch.setenv("TRAINPOD_PERSIST_PYTHON", str(SYSTEM_PYTHON))
+    c = make_cluster_from_spec(SPEC.format(alice=alice_account, bob=bob_account, scratch=scratch))
+    alice = c.client.add_user(NewToken(name="alice")).token
+    alice_pw = pwd.getpwnam(alice_account)
+    durable = Path(tempfile.mkdtemp(prefix="tp-durable-", dir="/tmp"))
+    os.chown(durable, alice_pw.pw_uid, alice_pw.pw_gid)
+    try:
+        with TrainpodClient(c.record.url, alice) as user:
+            job = user.submit(
+                JobSpec(
+                    command=[str(SYSTEM_PYTHON), WORKER, str(durable)],
+                    workdir="/tmp",
+                    env={"PYTHONPATH": os.environ["PYTHONPATH"]},
+                )
+            )
+
+            def progressed() -> dict[str, object] | None:
+                shown = json.loads(c.cli("show", str(job.id), "--json").stdout)
+                progress = shown.get("progress") or {}
+                step = progress.get("last_step")
+                return progress if isinstance(step, int) and step >= 5 else None
+
+            progress = wait_until(progressed, timeout_s=120, what="beacons of alice's rank")
+            assert isinstance(progress["last_step"], int)
+
+            def committed() -> list[int]:
+                events = c.client.events(job_id=job.id)
+                return [int(e.data["step"]) for e in events if e.kind == "checkpoint_committed"]
+
+            steps = wait_until(committed, timeout_s=120, what="a committed checkpoint")
+            log = user.logs(job.id, rank=0).data
+        [line] = [ln for ln in log.splitlines() if ln.startswith("sockets ")]
+        beacon_sock, ckpt_sock = (Path(w.split("=", 1)[1]) for w in line.split()[1:])
+        theirs = beacon_sock.parent
+        assert theirs == ckpt_sock.parent and theirs.name == f"u{alice_pw.pw_uid}"
+        st = theirs.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (alice_pw.pw_uid, 0o700)
+        written = list(durable.rglob("*"))  # the persister, as alice, wrote the durable copy
+        assert written and steps
+        assert all(p.stat().st_uid == alice_pw.pw_uid for p in durable.rglob("*"))
+
+        # Bob's processes reach neither alice's sockets nor the agent's own.
+        agent_socks = [theirs.parent / "workers-0.sock", theirs.parent / "workers-0.ckpt.sock"]
+        assert all(p.exists() for p in agent_socks)
+        bob_pw = pwd.getpwnam(bob_account)
+        tried = subprocess.run(
+            [
+                str(SYSTEM_PYTHON),
+                "-c",
+                _CONNECT,
+                str(beacon_sock),
+                str(ckpt_sock),
+                *map(str, agent_socks),
+            ],
+            user=bob_pw.pw_uid,
+            group=bob_pw.pw_gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split()
+        assert tried == ["PermissionError"] * 4, tried
+        c.client.cancel(job.id)
+        c.wait_job(job.id)
+    finally:
+        shutil.rmtree(durable, ignore_errors=True)
+
+
+WHO = (
+    'echo "WHO=$(id -un) HOME=$HOME LEAK=${TRAINPOD_TEST_AGENT_SECRET-none}'
+    ' JOB=${TRAINPOD_JOB_ID-none}"'
+)
+WHOAMI = re.compile(r"WHO=(?P<who>[\w-]+) HOME=(?P<home>/\S+) LEAK=(?P<leak>\S+) JOB=(?P<job>\S+)")
+
+
+@pytest.fixture
+def terminals() -> Iterator[list[Terminal]]:
+    made: list[Terminal] = []
+    yield made
+    for t in made:
+        t.close()
+
+
+@pytest.fixture
+def shim() -> Iterator[Path]:
+    """A dir whose ``python`` other accounts may run (ours is under /root): the hold process
+    of `trainpod alloc`, which runs as the account, starts ``python``."""
+    d = Path(tempfile.mkdtemp(prefix="tp-py-", dir="/tmp"))
+    d.chmod(0o755)
+    (d / "python").symlink_to(SYSTEM_PYTHON)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="needs /usr/bin/python3 for accounts")
+def test_shells_of_a_job_and_of_an_allocation_run_as_the_callers_account(
+    make_cluster_from_spec: Callable[[str], Cluster],
+    accounts: tuple[str, str],
+    scratch: str,
+    shim: Path,
+    terminals: list[Terminal],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    alice_account, bob_account = accounts
+    monkeypatch.setenv("TRAINPOD_TEST_AGENT_SECRET", "root-only")  # the CLI has it: not the shell
+    c = make_cluster_from_spec(SPEC.format(alice=alice_account, bob=bob_account, scratch=scratch))
+    alice = c.client.add_user(NewToken(name="alice")).token
+    monkeypatch.setenv("TRAINPOD_TOKEN", alice)  # the terminals' CLI is alice's
+    with TrainpodClient(c.record.url, alice) as user:
+        job = user.submit(JobSpec(command=["sleep", "600"], workdir="/tmp"))
+    c.wait_job(job.id, {"running"})
+
+    term = open_terminal(terminals, c, "shell", str(job.id), "--shell", "sh -i")
+    term.expect(f"the shell runs as account {alice_account}")
+    term.child.sendline(WHO)
+    seen = term.expect(WHOAMI)
+    assert (seen["who"], seen["home"]) == (alice_account, f"/home/{alice_account}")
+    assert (seen["leak"], seen["job"]) == ("none", str(job.id))
+    term.child.sendline("exit 0")
+    assert term.exit_code() == 0
+    c.client.cancel(job.id)
+    c.wait_job(job.id)
+
+    python = os.pathsep.join([*os.environ["PYTHONPATH"].split(os.pathsep), PURELIB])
+    term = open_terminal(
+        terminals,
+        c,
+        "alloc",
+        "--shell",
+        "sh -i",
+        "--env",
+        f"PATH={shim}:/usr/bin:/bin",
+        "--env",
+        f"PYTHONPATH={python}",
+    )
+    alloc_id = int(term.expect(r"allocation (\d+) ")[1])
+    term.expect(f"the shell runs as account {alice_account}")
+    term.child.sendline(WHO)
+    seen = term.expect(WHOAMI)
+    assert (seen["who"], seen["job"], seen["leak"]) == (alice_account, str(alloc_id), "none")
+    term.child.sendline("exit 0")
+    assert term.exit_code() == 0
+    assert c.wait_job(alloc_id).state == "cancelled"

@@ -24,6 +24,7 @@ priority_classes:
   - {name: low, value: 10, default: true}
 preemption:
   grace_s: 60
+  min_run_s: 0  # preempted once it has steps; the minimum run: tests/component/test_sharing.py
 """
 
 

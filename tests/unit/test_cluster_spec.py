@@ -11,7 +11,9 @@ import pydantic
 import pytest
 import yaml
 
+from trainpod.controller.config import PreemptionConfig
 from trainpod.errors import SpecError
+from trainpod.scheduler.policy import DEFAULT_MIN_RUN_S, SharingPolicy
 from trainpod.spec.cluster import (
     ClusterSpec,
     HealthPolicy,
@@ -248,6 +250,8 @@ BAD_SPECS: list[tuple[str, Mutation, str, str]] = [
     ),
     ("notice-grace-negative", _set("preemption.grace_s", -1), "preemption.grace_s", "0 or more"),
     ("min-run-string", _set("preemption.min_run_s", "10s"), "preemption.min_run_s", "number"),
+    ("min-run-negative", _set("preemption.min_run_s", -5), "preemption.min_run_s", "0 or more"),
+    ("min-run-inf", _set("preemption.min_run_s", float("inf")), "preemption.min_run_s", "finite"),
 ]
 
 
@@ -392,7 +396,9 @@ def test_defaults(tmp_path: Path) -> None:
     assert spec.partitions is None
     assert spec.health.heartbeat_interval_s == 1.0 and spec.health.heartbeat_timeout_s == 10.0
     assert spec.recovery.teardown_grace_s == 5.0 and spec.recovery.max_restarts == 3
-    assert spec.preemption == PreemptionPolicy(signal="SIGUSR1", grace_s=30.0, min_run_s=0.0)
+    assert spec.preemption == PreemptionPolicy(signal="SIGUSR1", grace_s=30.0, min_run_s=120.0)
+    # the controller's and the scheduler's defaults are the spec's, so no layer runs with 0
+    assert PreemptionConfig().min_run_s == SharingPolicy().min_run_s == DEFAULT_MIN_RUN_S == 120.0
     assert LifecycleScript.model_fields["timeout_s"].default == 300.0
 
 

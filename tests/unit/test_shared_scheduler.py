@@ -231,13 +231,14 @@ def test_priority_preempts_the_lower_job_that_loses_least_work() -> None:
         running(4, ["gpu-3"], priority=NORMAL, started=99.0),
     ]
     snap = snapshot(100.0, [queued(5, 1, priority=HIGH)], run)
-    d = SharedScheduler(SharingPolicy(grace_s=12.0)).plan(snap)
+    sched = SharedScheduler(SharingPolicy(grace_s=12.0, min_run_s=0.0))  # ages, not min runs
+    d = sched.plan(snap)
     assert [x for x in d if isinstance(x, Preempt)] == [
         Preempt(2, "preempted for job 5 (priority high)", 12.0)
     ]
     # two nodes: the two lowest-loss low jobs, never the normal one that lost least
     snap2 = snapshot(100.0, [queued(5, 2, priority=HIGH)], run)
-    assert set(by_kind(SharedScheduler().plan(snap2))["preempt"]) == {2, 3}
+    assert set(by_kind(sched.plan(snap2))["preempt"]) == {2, 3}
 
 
 def test_only_strictly_lower_priority_jobs_are_victims() -> None:
@@ -263,7 +264,8 @@ def test_unneeded_victims_are_dropped() -> None:
         running(2, ["gpu-1", "gpu-2", "gpu-3"], priority=LOW, checkpoint=50.0),
     ]
     snap = snapshot(100.0, [queued(3, 3, priority=HIGH)], run)
-    assert set(by_kind(SharedScheduler().plan(snap))["preempt"]) == {2}
+    sched = SharedScheduler(SharingPolicy(min_run_s=0.0))  # both started at 0
+    assert set(by_kind(sched.plan(snap))["preempt"]) == {2}
 
 
 def test_a_non_preemptible_job_is_never_a_victim() -> None:
@@ -307,7 +309,7 @@ def test_no_double_preemption_while_victims_are_stopping_and_their_nodes_are_kep
         running(2, ["gpu-2", "gpu-3"], priority=LOW),
     ]
     queue = [queued(3, 2, priority=HIGH), queued(4, 1, priority=LOW, at=5.0)]
-    sched = SharedScheduler()
+    sched = SharedScheduler(SharingPolicy(min_run_s=0.0))  # both started at 0
     first = by_kind(sched.plan(snapshot(100.0, queue, run, size=5)))
     assert list(first["preempt"]) == [1]
     # one node is free, so one victim of 2 nodes is enough
@@ -617,7 +619,7 @@ def test_the_same_stream_without_time_limits_waits_behind_the_large_job() -> Non
 
 
 def test_a_preempted_job_comes_back_and_the_preemptor_waits_for_it_once() -> None:
-    sim = Sim(SharedScheduler(SharingPolicy(grace_s=20.0)), size=4)
+    sim = Sim(SharedScheduler(SharingPolicy(grace_s=20.0, min_run_s=0.0)), size=4)
     sim.submit(queued(1, 4, priority=LOW), runtime=1000.0)
     sim.step()
     sim.advance(10.0)

@@ -3,6 +3,7 @@ fails for want of file descriptors instead of spinning on a listener that stays 
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -34,7 +35,7 @@ def _client(path: Path, timeout_s: float = 5.0) -> socket.socket:
     return c
 
 
-def _echo(conn: socket.socket) -> bool:
+def _echo(conn: socket.socket, uid: int) -> bool:
     try:
         data = conn.recv(4096)
     except BlockingIOError:
@@ -80,7 +81,7 @@ import os, resource, sys
 from pathlib import Path
 from trainpod.agent.unixsock import SeqpacketServer
 
-def echo(conn):
+def echo(conn, uid):
     try:
         data = conn.recv(4096)
     except BlockingIOError:
@@ -153,3 +154,69 @@ def test_out_of_file_descriptors_it_pauses_accepting_then_serves_the_queue(
             proc.wait()
     assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
     assert proc.stderr is not None and "cannot accept a test connection" in proc.stderr.read()
+
+
+# Connects to argv[1] as whatever user it runs as; prints "refused" when the server closes
+# the connection unanswered, else what it echoed.
+_CONNECT = """
+import socket, sys
+c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+c.settimeout(30)
+c.connect(sys.argv[1])
+try:
+    c.send(b"hello")
+    print(c.recv(4096).decode() or "refused")
+except OSError:
+    print("refused")
+"""
+
+
+# The test's own interpreter may sit where other users cannot run it (under /root).
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+def _connect_as(path: Path, uid: int) -> str:
+    out = subprocess.run(
+        [str(SYSTEM_PYTHON), "-c", _CONNECT, str(path)],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="connecting as other uids needs root")
+@pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="needs /usr/bin/python3 for other uids")
+def test_only_root_the_agent_and_the_listeners_account_get_in(sock_path: Path) -> None:
+    account, stranger = 65533, 65534
+    seen: list[int] = []
+
+    def echo(conn: socket.socket, uid: int) -> bool:
+        seen.append(uid)
+        return _echo(conn, uid)
+
+    srv = SeqpacketServer(sock_path, echo, what="test", backlog=8)
+    theirs = sock_path.with_name("theirs.sock")
+    try:
+        srv.add_listener(theirs, uid=account, gid=account)
+        assert (theirs.stat().st_uid, theirs.stat().st_mode & 0o777) == (account, 0o600)
+        # Open the files to everybody: what keeps a stranger out must be the peer check.
+        sock_path.parent.chmod(0o755)
+        for p in (sock_path, theirs):
+            p.chmod(0o666)
+        assert _connect_as(theirs, account) == "hello"
+        assert _connect_as(theirs, stranger) == "refused"
+        assert _connect_as(sock_path, account) == "refused"  # the agent's own socket
+        assert srv.refused == 2
+        c = _client(theirs)  # root (the agent's user here) reaches every socket
+        c.send(b"root")
+        assert c.recv(4096) == b"root"
+        c.close()
+        assert set(seen) == {account, 0}
+    finally:
+        srv.close()
+    assert not theirs.exists() and not sock_path.exists()

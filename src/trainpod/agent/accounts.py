@@ -7,17 +7,22 @@ LOGNAME: nothing of the agent's own environment (root's) leaks into them, so one
 cannot read another's files through a job. An agent that is not root cannot switch users:
 such a rank fails at once with a message saying so, rather than running as the agent.
 
-Not yet: such ranks start cold (the warm-start zygote runs as root), and the agent's
-progress-beacon and checkpoint sockets sit in a root-only directory, so their beacons and
-memory-tier hand-offs do not reach the agent (opening them needs a peer-credential check,
-SO_PEERCRED against the attempt's uid, so no user can report for another's job).
+Such ranks start cold (the warm-start zygote runs as root). They reach the agent's
+progress-beacon and checkpoint sockets through a directory of their account's own
+(:mod:`trainpod.agent.jobsockets`); the agent checks every connection's peer with
+``SO_PEERCRED`` (:mod:`trainpod.agent.unixsock`) and, with :class:`Grants`, that an account
+speaks only for the attempts and jobs that run as it on this node.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import stat
+import threading
 from dataclasses import dataclass
+
+from trainpod.agent.unixsock import trusted_uids
 
 # What a rank keeps of the agent's environment when it runs as another account.
 _KEPT = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
@@ -70,3 +75,55 @@ def run_as(account: str) -> RunAs:
         ) from None
     groups = tuple(g for g in os.getgrouplist(pw.pw_name, pw.pw_gid) if g != pw.pw_gid)
     return RunAs(pw.pw_name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir, pw.pw_shell or "/bin/sh")
+
+
+def owns(path: str | os.PathLike[str], uid: int) -> bool:
+    """Whether ``path`` is a directory (not a link to one) that belongs to ``uid``."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid
+
+
+class Grants:
+    """Which attempts and jobs each account's ranks on this node may speak for: the launcher
+    grants them when it starts a rank as an account; the beacon and checkpoint servers ask
+    before they book what a connection of that uid says. Root and the agent's own user may
+    speak for anything. Thread-safe. Grants are ints and stay for the agent's life."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._trusted = trusted_uids()
+        self._attempts: dict[int, set[int]] = {}
+        self._jobs: dict[int, set[int]] = {}
+        self._accounts: dict[int, RunAs] = {}
+
+    def grant(self, account: RunAs, *, attempt_id: int, job_id: int) -> None:
+        with self._lock:
+            self._accounts[account.uid] = account
+            self._attempts.setdefault(account.uid, set()).add(attempt_id)
+            self._jobs.setdefault(account.uid, set()).add(job_id)
+
+    def trusted(self, uid: int) -> bool:
+        return uid in self._trusted
+
+    def may_report(self, uid: int, attempt_id: int) -> bool:
+        """Whether a process of ``uid`` may send beacons for ``attempt_id``."""
+        if uid in self._trusted:
+            return True
+        with self._lock:
+            return attempt_id in self._attempts.get(uid, ())
+
+    def may_checkpoint(self, uid: int, job_id: int | None) -> bool:
+        """Whether a process of ``uid`` may hand over checkpoints of ``job_id``."""
+        if uid in self._trusted:
+            return True
+        with self._lock:
+            return job_id is not None and job_id in self._jobs.get(uid, ())
+
+    def account(self, uid: int) -> RunAs | None:
+        """The account of ``uid`` if some rank ran as it here (None: root, the agent, or a
+        stranger)."""
+        with self._lock:
+            return self._accounts.get(uid)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainpod.agent.accounts import Grants
 from trainpod.agent.unixsock import SeqpacketServer
 from trainpod.api.models import RankBeacon
 from trainpod.beacon import WIRE_VERSION
@@ -279,18 +280,23 @@ def parse_beacon(data: bytes) -> Beacon | None:
 class BeaconServer:
     """Receives beacons on the Unix ``SOCK_SEQPACKET`` socket at ``path`` and books them.
 
-    The constructor binds (replacing a stale socket file left by a dead agent), listens and
-    starts a daemon thread; :meth:`close` stops it, closes every connection and removes the
-    file. Each training process holds one connection; the thread drains every readable
-    connection per wake-up and books the whole batch under one lock, so bursts of many
-    thousand messages a second cost little. When it still falls behind, a sender's buffer
-    fills and the *sender* drops (it never blocks).
+        The constructor binds (replacing a stale socket file left by a dead agent), listens and
+        starts a daemon thread; :meth:`close` stops it, closes every connection and removes the
+        file. Each training process holds one connection; the thread drains every readable
+        connection per wake-up and books the whole batch under one lock, so bursts of many
+        thousand messages a second cost little. When it still falls behind, a sender's buffer
+        fills and the *sender* drops (it never blocks).
 
-    Raises :class:`~trainpod.errors.Fatal` when ``path`` is too long for ``AF_UNIX`` or is
-    not a socket, :class:`~trainpod.errors.Conflict` when a live server already owns it.
-    ``mode``: permission bits of the socket file (only the agent's user can connect by default).
+        Raises :class:`~trainpod.errors.Fatal` when ``path`` is too long for ``AF_UNIX`` or is
+        not a socket, :class:`~trainpod.errors.Conflict` when a live server already owns it.
+        ``mode``: permission bits of the socket file (only the agent's user can connect by default).
     ``tap``: also given every booked batch, on the receiver thread (it must not block: the
-    TensorBoard writer queues what it wants).
+        TensorBoard writer queues what it wants).
+
+        Only root and the agent's user connect to ``path``; a rank that runs as a POSIX account
+        connects to a socket :meth:`add_listener` opened for it, and what it sends is booked only
+        for the attempts ``grants`` gives its uid (the others are dropped, counted in
+        ``refused``): no account reports progress for another's job.
     """
 
     def __init__(
@@ -300,14 +306,20 @@ class BeaconServer:
         *,
         mode: int = 0o600,
         tap: Callable[[list[Beacon]], None] | None = None,
+        grants: Grants | None = None,
     ) -> None:
         self.path = Path(path)
         self.book = book if book is not None else BeaconBook()
         self._tap = tap
+        self.grants = grants if grants is not None else Grants()
         self.received = 0
         """Valid beacons booked so far."""
         self.bad = 0
         """Messages that were not valid beacons (ignored)."""
+        self.refused = 0
+        """Beacons from an account for an attempt that is not its own (dropped, logged once
+        per uid and attempt)."""
+        self._told: set[tuple[int, int]] = set()
         self._batch: list[Beacon] = []  # parsed in one wake-up of the server's thread
         self._server = SeqpacketServer(
             self.path,
@@ -325,6 +337,16 @@ class BeaconServer:
         return self._server.connections
 
     @property
+    def refused_connections(self) -> int:
+        """Connections refused for their peer's uid (see :mod:`trainpod.agent.unixsock`)."""
+        return self._server.refused
+
+    def add_listener(self, path: Path, *, uid: int, gid: int) -> None:
+        """Receive on ``path`` too, from the account ``uid`` (see
+        :meth:`~trainpod.agent.unixsock.SeqpacketServer.add_listener`)."""
+        self._server.add_listener(path, uid=uid, gid=gid)
+
+    @property
     def alive(self) -> bool:
         """Whether the receiver thread is booking beacons (False after close or a crash)."""
         return self._server.alive
@@ -338,8 +360,10 @@ class BeaconServer:
             if self._tap is not None:
                 self._tap(parsed)
 
-    def _drain(self, conn: socket.socket) -> bool:
+    def _drain(self, conn: socket.socket, uid: int) -> bool:
         """Read every queued message of one connection; False (close it) on EOF or error."""
+        if not self.grants.trusted(uid):
+            return self._drain_account(conn, uid)
         recv, parse, parsed = conn.recv, parse_beacon, self._batch
         while True:
             try:
@@ -355,6 +379,33 @@ class BeaconServer:
                 self.bad += 1
             else:
                 parsed.append(beacon)
+
+    def _drain_account(self, conn: socket.socket, uid: int) -> bool:
+        """:meth:`_drain` for a rank of an account: only its own attempts' beacons count."""
+        while True:
+            try:
+                data = conn.recv(MAX_MESSAGE)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                data = b""
+            if not data:
+                return False
+            beacon = parse_beacon(data)
+            if beacon is None:
+                self.bad += 1
+            elif self.grants.may_report(uid, beacon[0]):
+                self._batch.append(beacon)
+            else:
+                self.refused += 1
+                if (uid, beacon[0]) not in self._told:
+                    self._told.add((uid, beacon[0]))
+                    log.warning(
+                        "dropped beacons from uid %d for attempt %d: it does not run as that "
+                        "account on this node",
+                        uid,
+                        beacon[0],
+                    )
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop receiving, close every connection and remove the socket file. Idempotent;

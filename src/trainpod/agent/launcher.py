@@ -35,9 +35,11 @@ from pathlib import Path
 import psutil
 
 from trainpod import notice, procutil
-from trainpod.agent.accounts import AccountError, run_as
+from trainpod.agent.accounts import AccountError, RunAs, run_as
+from trainpod.agent.jobsockets import AccountSockets
 from trainpod.agent.warmstart import WarmProcess, WarmStarter
 from trainpod.api.models import AttemptReport, KillOrder, LaunchOrder, RankReport
+from trainpod.errors import Fatal
 
 log = logging.getLogger(__name__)
 
@@ -154,13 +156,16 @@ class Launcher:
         node_env: dict[str, str],
         on_change: Callable[[], None],
         warm: WarmStarter | None = None,
+        accounts: AccountSockets | None = None,
     ) -> None:
         """``node_env``: variables every worker on this node gets (node name, scratch, devices).
 
-        ``warm``: starts ranks warm where it can; the launcher closes it in :meth:`shutdown`."""
+        ``warm``: starts ranks warm where it can; the launcher closes it in :meth:`shutdown`.
+        ``accounts``: the beacon and checkpoint sockets of ranks that run as an account."""
         self._node_env = node_env
         self._on_change = on_change
         self._warm = warm
+        self._accounts = accounts
         self._lock = threading.Lock()
         self._exited = threading.Condition(self._lock)  # notified when a rank ends
         self._runs: dict[int, AttemptRun] = {}
@@ -205,7 +210,7 @@ class Launcher:
                 if order.account is not None:  # the owner's account: cold, with its env only
                     account = run_as(order.account)
                     account.own(scratch)
-                    env = account.env(job_env)
+                    env = account.env({**job_env, **self._account_sockets(order, account)})
                     rp.proc = subprocess.Popen(
                         order.argv,
                         cwd=order.workdir,
@@ -228,7 +233,7 @@ class Launcher:
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
                     )
-            except AccountError as exc:
+            except (AccountError, Fatal) as exc:
                 out.write(f"trainpod: {exc}\n".encode())
                 rp.exit_code, rp.ended_at = 126, time.time()
                 return
@@ -242,6 +247,11 @@ class Launcher:
                 rp.exit_code, rp.ended_at = 127, time.time()
                 return
         threading.Thread(target=self._watch, args=(rp,), daemon=True).start()
+
+    def _account_sockets(self, order: LaunchOrder, account: RunAs) -> dict[str, str]:
+        if self._accounts is None:
+            return {}
+        return self._accounts.env_for(account, attempt_id=order.attempt_id, job_id=order.job_id)
 
     def _warm_start(
         self, order: LaunchOrder, rp: RankProcess, env: dict[str, str]

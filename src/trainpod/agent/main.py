@@ -6,16 +6,19 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from trainpod.agent.accounts import Grants
 from trainpod.agent.agent import Agent
 from trainpod.agent.beacons import BeaconServer
 from trainpod.agent.chaos import ChaosExecutor
 from trainpod.agent.checks import build_checks
 from trainpod.agent.facts import device_facts, node_facts
+from trainpod.agent.jobsockets import AccountSockets
 from trainpod.agent.launcher import Launcher, Notice, ignore_notice_signal
 from trainpod.agent.lifecycle import LifecycleRunner, Script
 from trainpod.agent.monitor import DeepChecker, HealthMonitor, deep_runner
@@ -116,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     paths.runtime_dir.mkdir(mode=0o700, exist_ok=True)
     beacon_path = paths.runtime_dir / f"{args.node}.sock"
     tensorboard = TensorBoardTap()
-    server = BeaconServer(beacon_path, tap=tensorboard.offer)
+    grants = Grants()  # what the ranks of each POSIX account may speak for (accounts.py)
+    server = BeaconServer(beacon_path, tap=tensorboard.offer, grants=grants)
     node_env["TRAINPOD_BEACON_SOCKET"] = str(beacon_path)
     # Checkpoints: workers hand committed shared-memory steps to this agent, whose persister
     # processes copy them to scratch, peer and durable (they outlive a crashed worker).
@@ -125,6 +129,13 @@ def main(argv: list[str] | None = None) -> None:
         log_dir=node_dir / "persist",
         state_file=node_dir / "checkpoints.json",
         on_change=on_change,
+        grants=grants,
+        # The interpreter of the persisters; an account's runs as it, so it must be one that
+        # account may execute (the agent's own may sit in root's home).
+        python=os.environ.get("TRAINPOD_PERSIST_PYTHON") or sys.executable,
+    )
+    accounts = AccountSockets(
+        paths.runtime_dir, args.node, beacons=server, checkpoints=hub, grants=grants
     )
     node_env["TRAINPOD_CKPT_SOCKET"] = str(hub.path)
     # Warm starts: a zygote that has imported torch forks ranks (it warms up in the
@@ -137,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
             env={**os.environ, **node_env},
         )
         warm.start()
-    launcher = Launcher(node_env=node_env, on_change=on_change, warm=warm)
+    launcher = Launcher(node_env=node_env, on_change=on_change, warm=warm, accounts=accounts)
     gpu_state = None if gpus else node_dir / "simgpu.json"
     quota = spec.storage.node_scratch_quota_gib
     checks = build_checks(

@@ -16,6 +16,12 @@ When the controller's orders no longer list a job as active on this node
 removed. Between attempts of a job nothing is removed: an in-job restart on the same node
 finds its memory tier. The memory dirs of the jobs it knows are kept in ``state_file``, so
 an agent that restarts still cleans up after them. Thread-safe.
+
+A worker that runs as a POSIX account hands over on a socket opened for that account
+(:meth:`CheckpointHub.add_listener`, see :mod:`trainpod.agent.jobsockets`): it may speak only
+for the jobs ``grants`` gives its uid, only of a primary tier its account owns, and its
+persister runs as that account (with a clean environment), so a hand-off can never make
+the agent copy or write anything the account could not itself.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from trainpod.agent.accounts import Grants, RunAs, owns
 from trainpod.agent.unixsock import SeqpacketServer
 from trainpod.api.models import CheckpointReport, CheckpointUpload
 from trainpod.ckpt.handoff import MAX_MESSAGE, WIRE_VERSION, PersistStatus
@@ -84,6 +91,7 @@ class _Job:
     sent_flagged: int = -1  # newest step handed over for the global tiers
     finishing: bool = False
     exited: bool = False
+    account: RunAs | None = None  # the persister runs as it (None: as the agent)
 
     @property
     def staging(self) -> Path:
@@ -115,8 +123,10 @@ class CheckpointHub:
         nice: int | None = None,
         python: str = sys.executable,
         mode: int = 0o600,
+        grants: Grants | None = None,
     ) -> None:
         self.path = Path(path)
+        self.grants = grants if grants is not None else Grants()
         self.log_dir = log_dir
         self.state_file = state_file
         env = os.environ
@@ -230,7 +240,12 @@ class CheckpointHub:
             _close_stdin(j.proc)
 
     # -- the socket ---------------------------------------------------------------------
-    def _answer(self, conn: socket.socket) -> bool:
+    def add_listener(self, path: Path, *, uid: int, gid: int) -> None:
+        """Answer on ``path`` too, for the account ``uid`` (see
+        :meth:`~trainpod.agent.unixsock.SeqpacketServer.add_listener`)."""
+        self._server.add_listener(path, uid=uid, gid=gid)
+
+    def _answer(self, conn: socket.socket, uid: int) -> bool:
         """One request, one reply, then the connection is closed (False)."""
         try:
             data = conn.recv(MAX_MESSAGE)
@@ -240,7 +255,7 @@ class CheckpointHub:
             data = b""
         if data:
             try:
-                reply = self.handle(json.loads(data))
+                reply = self.handle(json.loads(data), uid=uid)
             except ValueError as exc:
                 reply = {"ok": False, "error": f"bad request: {exc}"}
             try:
@@ -249,17 +264,25 @@ class CheckpointHub:
                 pass
         return False
 
-    def handle(self, msg: Any) -> dict[str, Any]:
-        """Answer one request (see :mod:`trainpod.ckpt.handoff`). Never raises."""
+    def handle(self, msg: Any, *, uid: int | None = None) -> dict[str, Any]:
+        """Answer one request (see :mod:`trainpod.ckpt.handoff`) from a peer of ``uid``
+        (None: the agent itself). Never raises."""
         if not isinstance(msg, dict) or msg.get("v", WIRE_VERSION) != WIRE_VERSION:
             return {"ok": False, "error": "unknown request"}
         key = (msg.get("job_key"), msg.get("node"))
         if not all(isinstance(k, str) and k and "/" not in k for k in key):
             return {"ok": False, "error": f"job_key and node must be plain names, got {key}"}
         job_key, node = str(key[0]), str(key[1])
+        account = None
+        if uid is not None and not self.grants.trusted(uid):
+            account = self.grants.account(uid)
+            if account is None:
+                return {"ok": False, "error": f"uid {uid} runs no job on this node"}
         if msg.get("op") == "status":
             with self._lock:
                 j = self._jobs.get((job_key, node))
+                if j is not None and account is not None and j.account != account:
+                    return {"ok": False, "error": f"{job_key} is not {account.name}'s"}
                 # A persister that died knows nothing any more: the worker then hands the
                 # step over again, which starts a new one.
                 if j is None or j.exited:
@@ -271,19 +294,28 @@ class CheckpointHub:
                 return {"ok": True, "status": st.to_dict()}
         if msg.get("op") == "persist":
             try:
-                return self._persist(job_key, node, msg)
+                return self._persist(job_key, node, msg, account)
             except (ValueError, OSError) as exc:
                 return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         return {"ok": False, "error": f"unknown op {msg.get('op')!r}"}
 
     # -- persisters ---------------------------------------------------------------------
-    def _persist(self, job_key: str, node: str, msg: dict[str, Any]) -> dict[str, Any]:
+    def _persist(
+        self, job_key: str, node: str, msg: dict[str, Any], account: RunAs | None
+    ) -> dict[str, Any]:
         line = json.dumps(msg, separators=(",", ":")).encode()
         req = parse_request(line)
         cfg = req.config
         primary = Path(cfg.memory or cfg.scratch or "")
         if not primary.is_absolute() or not (primary / step_name(req.step)).is_dir():
             raise ValueError(f"step {req.step} is not committed under {primary}")
+        if account is not None:
+            if not self.grants.may_checkpoint(account.uid, req.job_id):
+                why = f"job {req.job_id} does not run as {account.name} on this node"
+                log.warning("refused a checkpoint hand-off from uid %d: %s", account.uid, why)
+                return {"ok": False, "error": why}
+            if not owns(primary, account.uid):
+                return {"ok": False, "error": f"{primary} is not a directory of {account.name}"}
         with self._lock:
             active = self._active
             if req.job_id is not None and active is not None and req.job_id not in active:
@@ -291,8 +323,11 @@ class CheckpointHub:
             j = self._jobs.get((job_key, node))
             if j is not None and j.finishing:
                 return {"ok": False, "error": f"job {job_key} is being cleaned up here"}
+            if j is not None and j.account != account:
+                return {"ok": False, "error": f"{job_key} is persisted for another account"}
             if j is None or j.exited:
-                j = _Job((job_key, node), req.job_id, primary, saved_step=j.saved_step if j else -1)
+                saved = j.saved_step if j else -1
+                j = _Job((job_key, node), req.job_id, primary, saved_step=saved, account=account)
                 self._jobs[j.key] = j
                 spawn = True
             else:
@@ -349,6 +384,7 @@ class CheckpointHub:
             "--nice",
             str(self.nice),
         ]
+        who = j.account
         with (self.log_dir / f"{j.key[0]}.log").open("ab") as err:
             j.proc = subprocess.Popen(
                 argv,
@@ -356,6 +392,11 @@ class CheckpointHub:
                 stdout=subprocess.PIPE,
                 stderr=err,
                 start_new_session=True,  # not in any worker's process group: survives teardown
+                # An account's persister is that account: it copies only what it could.
+                env=None if who is None else who.env(_persister_env()),
+                user=None if who is None else who.uid,
+                group=None if who is None else who.gid,
+                extra_groups=None if who is None else list(who.groups),
             )
         log.info("checkpoint persister for %s on %s: pid %d", j.key[0], j.key[1], j.proc.pid)
         assert j.proc.stdout is not None
@@ -435,6 +476,13 @@ class CheckpointHub:
         with self._lock:
             if self._known.pop(job_id, None) is not None:
                 self._save_state_locked()
+
+
+def _persister_env() -> dict[str, str]:
+    """What an account's persister keeps of the agent's environment: where trainpod's own
+    modules are, and the persister's knobs."""
+    keep = ("PYTHONPATH", "TRAINPOD_PERSIST_NICE", "TRAINPOD_PERSIST_FINISH_TIMEOUT_S")
+    return {k: os.environ[k] for k in keep if k in os.environ}
 
 
 def _ended(j: _Job, active: set[int]) -> bool:

@@ -105,7 +105,7 @@ def create_app(
 
     @app.post("/v1/jobs", response_model=JobInfo, status_code=201)
     def submit(spec: JobSpec, who: Caller) -> JobInfo:
-        return controller.job_info(controller.submit(spec, by=who))
+        return controller.job_info(controller.submit(spec, by=who), viewer=who)
 
     @app.post("/v1/jobs:plan", response_model=LaunchPlan)
     def plan(spec: JobSpec, who: Caller) -> LaunchPlan:
@@ -132,31 +132,32 @@ def create_app(
         return controller.access.revoke(who, name, req.token_id)
 
     @app.get("/v1/jobs", response_model=list[JobInfo])
-    def jobs(all: bool = True, limit: int | None = None) -> Response:
-        # Serialised by the views (ended jobs once), not validated again here.
-        body = controller.jobs_json(include_ended=all, limit=limit)
+    def jobs(who: Caller, all: bool = True, limit: int | None = None) -> Response:
+        # Serialised by the views (ended jobs once), not validated again here; env values
+        # are the owner's and admins' (controller/access.py: sees_env).
+        body = controller.jobs_json(include_ended=all, limit=limit, viewer=who)
         return Response(content=body, media_type="application/json")
 
     @app.get("/v1/jobs/{job_id}", response_model=JobInfo)
-    def job(job_id: int) -> JobInfo:
-        return controller.job_info(job_id)
+    def job(job_id: int, who: Caller) -> JobInfo:
+        return controller.job_info(job_id, viewer=who)
 
     @app.post("/v1/jobs/{job_id}/hold", response_model=JobInfo)
     def hold(job_id: int, who: Caller) -> JobInfo:
         """Keep a waiting job in the queue, never placed, until released."""
         controller.hold(job_id, by=who)
-        return controller.job_info(job_id)
+        return controller.job_info(job_id, viewer=who)
 
     @app.delete("/v1/jobs/{job_id}/hold", response_model=JobInfo)
     def unhold(job_id: int, who: Caller) -> JobInfo:
         """Let a held job be scheduled again."""
         controller.hold(job_id, by=who, release=True)
-        return controller.job_info(job_id)
+        return controller.job_info(job_id, viewer=who)
 
     @app.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo)
     def cancel(job_id: int, who: Caller) -> JobInfo:
         controller.cancel(job_id, by=who)
-        return controller.job_info(job_id)
+        return controller.job_info(job_id, viewer=who)
 
     @app.post("/v1/jobs/{job_id}/preempt", response_model=JobInfo)
     def preempt(job_id: int, who: Caller, req: PreemptRequest | None = None) -> JobInfo:
@@ -164,7 +165,7 @@ def create_app(
         controller.authorize(who, Action.PREEMPT, job_id)
         req = req or PreemptRequest()
         controller.preempt(job_id, req.reason, req.grace_s)
-        return controller.job_info(job_id)
+        return controller.job_info(job_id, viewer=who)
 
     @app.get("/v1/jobs/{job_id}/logs", response_model=LogChunk)
     def logs(
@@ -199,14 +200,14 @@ def create_app(
     def release(job_id: int, who: Caller, reason: str = "released") -> JobInfo:
         controller.authorize(who, Action.ALLOC, job_id)
         controller.release_allocation(job_id, reason)
-        return controller.job_info(job_id)
+        return controller.job_info(job_id, viewer=who)
 
     @app.get("/v1/shell", response_model=ShellContext)
     def shell(who: Caller, node: str | None = None, job: int | None = None) -> ShellContext:
         # A node's shell is a shell in the job it runs, if any: its owner's (or an admin's).
         held = job if job is not None or node is None else controller.job_on(node)
         controller.authorize(who, Action.SHELL, held)
-        return controller.shell_context(node, job)
+        return controller.shell_context(node, job, by=who)
 
     @app.post("/v1/jobs/{job_id}/steps", response_model=StepPlan, status_code=201)
     def start_step(job_id: int, req: StepRequest, who: Caller) -> StepPlan:

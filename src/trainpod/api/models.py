@@ -398,6 +398,11 @@ class ShellContext(_Model):
     devices: dict[str, Any] = Field(default_factory=dict, description="the node's devices")
     simulated: bool = Field(default=False, description="CPU slots stand in for GPUs")
     note: str = ""
+    account: str | None = Field(
+        default=None,
+        description="the caller's POSIX account: a CLI that runs as root starts the shell as "
+        "it (uid, gid, groups, HOME, a clean environment); None: as the CLI's user",
+    )
 
 
 class StepRequest(_Model):

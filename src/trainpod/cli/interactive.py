@@ -7,6 +7,11 @@ functions its launch orders use; devices are simulated on a machine without GPUs
 shell says so). On Slurm, ``trainpod alloc`` is salloc (:mod:`trainpod.cli.slurm`) and a
 shell or a step on a node is srun's to give. See docs/decisions/0014-interactive-allocations.md.
 
+Where this CLI runs as root and the caller maps to a POSIX account (``ShellContext.account``),
+the shell (or command) runs as that account: its uid, gid and groups, its HOME, and a clean
+environment (the node's and job's variables, nothing of root's), as the job's ranks do
+(:mod:`trainpod.agent.accounts`). Elsewhere it runs as the CLI's own user.
+
 An allocation stands while this CLI renews its lease (:class:`LeaseKeeper`); it is given back
 when the shell exits, when the terminal closes (SIGHUP) or the CLI is stopped (SIGTERM,
 Ctrl-C while queued), and the controller ends it when the renewals stop (SIGKILL).
@@ -28,6 +33,7 @@ from types import FrameType
 
 import typer
 
+from trainpod.agent.accounts import AccountError, RunAs, run_as
 from trainpod.api.models import JobInfo, ShellContext
 from trainpod.cli import slurm
 from trainpod.cli.context import client_for, resolve_cluster
@@ -109,9 +115,10 @@ def alloc(
         user=getpass.getuser(),
         interactive=True,
     )
-    argv = list(command) if command else shell_argv(shell)
+    argv = list(command) if command else []
     with client_for(paths.name) as client:
-        code = EmbeddedAllocation(client, lambda: client_for(paths.name), argv).run(spec)
+        alloc = EmbeddedAllocation(client, lambda: client_for(paths.name), argv, shell)
+        code = alloc.run(spec)
     raise typer.Exit(code)
 
 
@@ -166,11 +173,18 @@ class EmbeddedAllocation:
     """One ``trainpod alloc`` on the embedded backend, from submission to release."""
 
     def __init__(
-        self, client: TrainpodClient, connect: Callable[[], TrainpodClient], argv: list[str]
+        self,
+        client: TrainpodClient,
+        connect: Callable[[], TrainpodClient],
+        argv: list[str],
+        shell: str | None = None,
     ) -> None:
+        """``argv``: the command to run instead of a shell ([]: the shell, ``shell`` or the
+        default one of whoever it runs as)."""
         self._client = client
         self._connect = connect
         self._argv = argv
+        self._shell_option = shell
         self._child: subprocess.Popen[bytes] | None = None
         self._ended = ""  # why the allocation ended under the shell, if it did
 
@@ -250,7 +264,7 @@ class EmbeddedAllocation:
             "  `trainpod run CMD` runs CMD on the allocation's nodes; exit releases them",
             soft_wrap=True,
         )
-        self._child = spawn(self._argv, ctx)
+        self._child = spawn(self._argv, ctx, self._shell_option)
         with _ignored(signal.SIGINT):  # Ctrl-C is the shell's
             return wait_child(self._child)
 
@@ -299,23 +313,51 @@ def shell_cmd(
             ctx = client.shell_context(node=node, job_id=job_id)
     what = f"job {ctx.job_id} on {ctx.node}" if ctx.job_id is not None else ctx.node
     err_console.print(f"shell for {what} in {ctx.cwd}\n  {ctx.note}", soft_wrap=True)
-    child = spawn(shell_argv(shell), ctx)
+    child = spawn([], ctx, shell)
     with _ignored(signal.SIGINT):
         raise typer.Exit(wait_child(child))
 
 
-def shell_argv(shell: str | None) -> list[str]:
-    return shlex.split(shell or os.environ.get("SHELL") or "bash")
+def shell_argv(shell: str | None, default: str | None = None) -> list[str]:
+    return shlex.split(shell or default or os.environ.get("SHELL") or "bash")
 
 
-def spawn(argv: list[str], ctx: ShellContext) -> subprocess.Popen[bytes]:
-    """The shell (or command), here, with the node's environment and cwd."""
+def spawn(argv: list[str], ctx: ShellContext, shell: str | None = None) -> subprocess.Popen[bytes]:
+    """The command ``argv`` (empty: the shell, ``shell`` or the default one), here, with the
+    node's environment and cwd; as the caller's account where this CLI is root."""
+    account = _account(ctx)
+    argv = argv or shell_argv(shell, account.shell if account is not None else None)
     cwd = Path(ctx.cwd)
-    cwd.mkdir(parents=True, exist_ok=True)
+    if not cwd.is_dir():
+        cwd.mkdir(parents=True, exist_ok=True)
+        if account is not None:
+            account.own(cwd)
     try:
-        return subprocess.Popen(argv, cwd=cwd, env={**os.environ, **ctx.env})
+        if account is None:
+            return subprocess.Popen(argv, cwd=cwd, env={**os.environ, **ctx.env})
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=account.env(ctx.env),
+            user=account.uid,
+            group=account.gid,
+            extra_groups=list(account.groups),
+        )
     except OSError as exc:
         raise SpecError(f"cannot start {argv!r}: {exc}; choose one with --shell") from None
+
+
+def _account(ctx: ShellContext) -> RunAs | None:
+    """Who the shell runs as: the caller's account where this CLI is root, else None (the
+    CLI's user). An account missing on this host is refused with the fix."""
+    if ctx.account is None or os.geteuid() != 0:
+        return None
+    try:
+        account = run_as(ctx.account)
+    except AccountError as exc:
+        raise Fatal(f"cannot open the shell: {exc}") from None
+    err_console.print(f"  the shell runs as account {account.name} (uid {account.uid})")
+    return account
 
 
 def wait_child(child: subprocess.Popen[bytes]) -> int:

@@ -91,6 +91,18 @@ def decide(who: Principal, action: Action, job: JobRow | None = None) -> str | N
     return None
 
 
+HIDDEN = "<hidden>"
+"""What a job's ``env`` values read as to anyone but its owner and admins."""
+
+
+def sees_env(who: Principal | None, owner: str) -> bool:
+    """Whether ``who`` may read the values of a job's ``env`` (its keys are everyone's, as
+    the queue is): its owner and admins may; ``None`` is the controller itself. A token
+    passed with ``--env`` is then not readable by everyone who can list jobs. Not a
+    refusal: the others get the job with its values hidden, and no event is written."""
+    return who is None or who.is_admin or (who.role == "user" and who.name == owner)
+
+
 @dataclass
 class Access:
     """Executes :func:`decide`, keeps the users and the token book."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainpod.scheduler.policy import DEFAULT_MIN_RUN_S
 from trainpod.spec.sharing import PriorityClassSpec, TeamSpec, UserSpec
 
 
@@ -25,7 +26,7 @@ class PreemptionConfig:
 
     signal: str = "SIGUSR1"  # a validated name: the agent sends it to every rank's group
     grace_s: float = 30.0  # notice -> teardown (SIGTERM, then SIGKILL after teardown_grace_s)
-    min_run_s: float = 0.0  # a job younger than this is not a victim (the scheduler's rule)
+    min_run_s: float = DEFAULT_MIN_RUN_S  # a job younger than this is not a victim
 
 
 @dataclass(frozen=True)

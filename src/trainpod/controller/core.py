@@ -255,9 +255,13 @@ class Controller:
             job = self.allocations.release(job_id, reason, now)
             return job if job.state.ended else self.cancel(job_id)
 
-    def shell_context(self, node: str | None, job_id: int | None) -> ShellContext:
+    def shell_context(
+        self, node: str | None, job_id: int | None, by: Principal | None = None
+    ) -> ShellContext:
+        """A shell's context; it runs as the caller's POSIX account, if they have one."""
         with self._lock:
-            return self.allocations.shell(node, job_id)
+            ctx = self.allocations.shell(node, job_id)
+        return ctx if by is None else ctx.model_copy(update={"account": by.account})
 
     def job_on(self, node: str) -> int | None:
         """The job a node is held by now, if any (a node's shell is a shell in it)."""
@@ -477,15 +481,20 @@ class Controller:
     def node_infos(self) -> list[NodeInfo]:
         return self.views.nodes()
 
-    def job_info(self, job_id: int) -> JobInfo:
-        return self.views.job(job_id)
+    def job_info(self, job_id: int, viewer: Principal | None = None) -> JobInfo:
+        """The job as ``viewer`` may see it: its env values only for its owner and admins
+        (None: the controller's own view, everything)."""
+        return self.views.job(job_id, viewer)
 
     def job_infos(self, include_ended: bool = True, limit: int | None = None) -> list[JobInfo]:
         return self.views.jobs(include_ended, limit)
 
-    def jobs_json(self, include_ended: bool = True, limit: int | None = None) -> bytes:
-        """:meth:`job_infos` serialised, as ``GET /v1/jobs`` sends it (ended jobs cached)."""
-        return self.views.jobs_json(include_ended, limit)
+    def jobs_json(
+        self, include_ended: bool = True, limit: int | None = None, viewer: Principal | None = None
+    ) -> bytes:
+        """:meth:`job_infos` serialised, as ``GET /v1/jobs`` sends it to ``viewer`` (ended
+        jobs cached; env values hidden as in :meth:`job_info`)."""
+        return self.views.jobs_json(include_ended, limit, viewer)
 
     def event_infos(
         self,

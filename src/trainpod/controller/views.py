@@ -3,6 +3,10 @@
 Rows are read under the controller's lock in a few bulk queries (never one per job or
 attempt); the models are built after the lock is released, so a dashboard listing ten
 thousand jobs does not hold up heartbeats while pydantic runs.
+
+A job's ``env`` values are its owner's and admins' (:func:`~trainpod.controller.access.sees_env`):
+a view taken for anyone else (``viewer``) has every value replaced by
+:data:`~trainpod.controller.access.HIDDEN`, the keys kept.
 """
 
 from __future__ import annotations
@@ -10,13 +14,14 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import TypeAdapter
 
 from trainpod.api.models import AttemptInfo, EventInfo, JobInfo, NodeInfo, RankInfo
 from trainpod.controller import progress
+from trainpod.controller.access import HIDDEN, Principal, sees_env
 from trainpod.controller.books import BeaconBook
 from trainpod.controller.checkpoints import CheckpointEvents
 from trainpod.controller.transitions import Transitions
@@ -50,7 +55,7 @@ class Views:
         self.checkpoints = checkpoints
         self._holds = holds
         self._now = now
-        self._frozen: dict[int, tuple[float, bytes]] = {}
+        self._frozen: dict[int, _Json] = {}
         """Ended jobs' JSON by id, with the ``updated_at`` it was made from."""
 
     def nodes(self) -> list[NodeInfo]:
@@ -58,15 +63,23 @@ class Views:
             rows = sorted(self.store.nodes(), key=self.tx.node_order)
         return [_node_info(n) for n in rows]
 
-    def job(self, job_id: int) -> JobInfo:
+    def job(self, job_id: int, viewer: Principal | None = None) -> JobInfo:
+        """One job as ``viewer`` may see it (None: everything, for the controller's use)."""
         with self._lock:
             rows = self._read([self.tx.job(job_id)])
-        return _build(rows)[0]
+        info = _build(rows)[0]
+        return info if sees_env(viewer, info.spec.user) else hide_env(info)
 
-    def jobs_json(self, include_ended: bool = True, limit: int | None = None) -> bytes:
-        """:meth:`jobs` as the JSON the API sends, with what cannot change any more cached:
-        a job that ended more than FROZEN_AFTER_S ago is serialised once, so a dashboard
-        listing ten thousand jobs rebuilds only the live ones."""
+    def jobs_json(
+        self,
+        include_ended: bool = True,
+        limit: int | None = None,
+        viewer: Principal | None = None,
+    ) -> bytes:
+        """:meth:`jobs` as the JSON the API sends ``viewer``, with what cannot change any
+        more cached: a job that ended more than FROZEN_AFTER_S ago is serialised once (with
+        its env and with its env hidden), so a dashboard listing ten thousand jobs rebuilds
+        only the live ones."""
         states = None if include_ended else [s for s in JobState if not s.ended]
         with self._lock:
             now = self._now()
@@ -74,15 +87,15 @@ class Views:
             stale = [
                 job_id
                 for job_id, state, updated_at, _ in heads
-                if self._frozen.get(job_id, (None, b""))[0] != updated_at
+                if (old := self._frozen.get(job_id)) is None or old.updated_at != updated_at
             ]
             rows = self._read(self.store.jobs_by_id(stale))
-        fresh = {info.id: _JOB.dump_json(info) for info in _build(rows)}
+        fresh = {info.id: _Json.of(info, updated_at=0.0) for info in _build(rows)}
         for job_id, state, updated_at, ended_at in heads:
             old_enough = ended_at is None or now - ended_at > FROZEN_AFTER_S
             if job_id in fresh and state.ended and old_enough:
-                self._frozen[job_id] = (updated_at, fresh[job_id])
-        parts = [fresh.get(j) or self._frozen[j][1] for j, *_ in heads]
+                self._frozen[job_id] = replace(fresh[job_id], updated_at=updated_at)
+        parts = [(fresh.get(j) or self._frozen[j]).for_viewer(viewer) for j, *_ in heads]
         if len(self._frozen) > FROZEN_MAX:  # keep the newest: dashboards list recent jobs
             for job_id in sorted(self._frozen)[: len(self._frozen) - FROZEN_MAX]:
                 del self._frozen[job_id]
@@ -126,6 +139,33 @@ class Views:
             nodes = Counter(n.state.value for n in self.store.nodes())
             jobs = Counter(j.state.value for j in self.store.jobs())
         return dict(nodes), dict(jobs)
+
+
+def hide_env(info: JobInfo) -> JobInfo:
+    """``info`` with every value of its spec's ``env`` replaced by :data:`HIDDEN`."""
+    if not info.spec.env:
+        return info
+    spec = info.spec.model_copy(update={"env": dict.fromkeys(info.spec.env, HIDDEN)})
+    return info.model_copy(update={"spec": spec})
+
+
+@dataclass(frozen=True)
+class _Json:
+    """One job's JSON as its owner and admins see it (``full``) and as the others do."""
+
+    updated_at: float
+    owner: str
+    full: bytes
+    hidden: bytes
+
+    @classmethod
+    def of(cls, info: JobInfo, updated_at: float) -> _Json:
+        full = _JOB.dump_json(info)
+        hidden = _JOB.dump_json(hide_env(info)) if info.spec.env else full
+        return cls(updated_at, info.spec.user, full, hidden)
+
+    def for_viewer(self, viewer: Principal | None) -> bytes:
+        return self.full if sees_env(viewer, self.owner) else self.hidden
 
 
 @dataclass(frozen=True)

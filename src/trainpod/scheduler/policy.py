@@ -12,6 +12,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+DEFAULT_MIN_RUN_S = 120.0
+"""Seconds a job runs before it may be chosen as a preemption victim, unless the spec says
+otherwise (``preemption.min_run_s``; Slurm's ``PreemptExemptTime``). Slurm's default is 0,
+which lets a job be preempted the moment it starts: it loses its whole start-up
+(rendezvous, loading, warm-up) and has no checkpoint to resume from, and a stream of
+higher-priority arrivals makes it thrash. Two minutes covers a start and a first checkpoint
+at the intervals trainpod's jobs use, and bounds what it costs a preemptor: it waits at most
+this long, and only when every victim that would free its nodes started that recently (the
+scheduler then holds it with a wake-up for when the youngest victim's minimum run ends).
+See docs/decisions/0017-isolation-and-secrets.md."""
+
 
 @dataclass(frozen=True)
 class PriorityClass:
@@ -70,7 +81,7 @@ class SharingPolicy:
 
     teams: tuple[TeamPolicy, ...] = ()
     half_life_s: float = 7 * 86400.0  # usage decay, as Slurm's PriorityDecayHalfLife
-    min_run_s: float = 0.0  # a job runs at least this long before it may be preempted
+    min_run_s: float = DEFAULT_MIN_RUN_S  # a job runs this long before it may be preempted
     grace_s: float = 30.0  # a victim's time to checkpoint before it is killed
     backfill: bool = True
 

@@ -7,6 +7,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
 from trainpod.notice import DEFAULT_SIGNAL, parse_signal
+from trainpod.scheduler.policy import DEFAULT_MIN_RUN_S
 
 Seconds = Annotated[float, Field(strict=True, allow_inf_nan=False)]  # as in spec.cluster
 
@@ -23,8 +24,12 @@ class PreemptionPolicy(BaseModel):
     grace_s: Seconds = Field(default=30.0, ge=0)
     """Seconds between the notice and teardown (SIGTERM, then SIGKILL after
     ``recovery.teardown_grace_s``): the time a script has to save a checkpoint and exit."""
-    min_run_s: Seconds = Field(default=0.0, ge=0)
-    """Seconds a job runs before the scheduler may choose it as a victim."""
+    min_run_s: Seconds = Field(default=DEFAULT_MIN_RUN_S, ge=0)
+    """Seconds a job runs before the scheduler may choose it as a victim (Slurm's
+    ``PreemptExemptTime``). Default 120: a job preempted at once loses its whole start-up
+    and has no checkpoint yet, so a stream of higher-priority arrivals would make it thrash;
+    a preemptor whose only victims are that young waits for them (at most this long). 0
+    makes every running job a victim at once, as Slurm does by default."""
 
     @field_validator("signal")
     @classmethod
