@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import trainpod
 from tests.integration.conftest import Cluster
 from tests.integration.test_interactive import Terminal, open_terminal
 from trainpod.api.models import NewToken
@@ -25,6 +26,26 @@ from trainpod.spec.job import JobSpec
 from trainpod.testing.wait import wait_until
 
 PURELIB = sysconfig.get_paths()["purelib"]  # the venv's packages (torch, pydantic, fsspec)
+SRC = str(Path(trainpod.__file__).resolve().parents[1])  # an editable install's .pth is not
+# read from a PYTHONPATH entry, so the sources go on the path themselves
+ACCOUNT_PYTHONPATH = os.pathsep.join(
+    p for p in [*os.environ.get("PYTHONPATH", "").split(os.pathsep), SRC, PURELIB] if p
+)
+
+
+def _others_can_read(path: str) -> bool:
+    """Whether another account can reach ``path``: every directory above it searchable."""
+    p = Path(path).resolve()
+    return all(d.stat().st_mode & stat.S_IXOTH for d in (p, *p.parents)) and bool(
+        p.stat().st_mode & stat.S_IROTH
+    )
+
+
+needs_a_readable_checkout = pytest.mark.skipif(
+    not all(_others_can_read(p) for p in (SRC, PURELIB)),
+    reason=f"another account cannot read this checkout's sources or venv ({SRC}, {PURELIB});"
+    " clone it where every account can read it (not under /root) to run this test",
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching accounts needs root")
 
@@ -145,6 +166,7 @@ for path in sys.argv[1:]:
 
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="needs /usr/bin/python3 for accounts")
+@needs_a_readable_checkout
 def test_an_accounts_rank_reports_progress_and_commits_checkpoints_and_nobody_else_gets_in(
     make_cluster_from_spec: Callable[[str], Cluster],
     accounts: tuple[str, str],
@@ -152,8 +174,7 @@ def test_an_accounts_rank_reports_progress_and_commits_checkpoints_and_nobody_el
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     alice_account, bob_account = accounts
-    path = os.pathsep.join([*os.environ.get("PYTHONPATH", "").split(os.pathsep), PURELIB])
-    monkeypatch.setenv("PYTHONPATH", path.strip(os.pathsep))  # the agents' persisters get it
+    monkeypatch.setenv("PYTHONPATH", ACCOUNT_PYTHONPATH)  # the agents' persisters get it
     monkeypatch.setenv("TRAINPOD_PERSIST_PYTHON", str(SYSTEM_PYTHON))
     c = make_cluster_from_spec(SPEC.format(alice=alice_account, bob=bob_account, scratch=scratch))
     alice = c.client.add_user(NewToken(name="alice")).token
@@ -166,7 +187,7 @@ def test_an_accounts_rank_reports_progress_and_commits_checkpoints_and_nobody_el
                 JobSpec(
                     command=[str(SYSTEM_PYTHON), WORKER, str(durable)],
                     workdir="/tmp",
-                    env={"PYTHONPATH": os.environ["PYTHONPATH"]},
+                    env={"PYTHONPATH": ACCOUNT_PYTHONPATH},
                 )
             )
 
@@ -253,6 +274,7 @@ def shim() -> Iterator[Path]:
 
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="needs /usr/bin/python3 for accounts")
+@needs_a_readable_checkout
 def test_shells_of_a_job_and_of_an_allocation_run_as_the_callers_account(
     make_cluster_from_spec: Callable[[str], Cluster],
     accounts: tuple[str, str],
@@ -281,7 +303,7 @@ def test_shells_of_a_job_and_of_an_allocation_run_as_the_callers_account(
     c.client.cancel(job.id)
     c.wait_job(job.id)
 
-    python = os.pathsep.join([*os.environ["PYTHONPATH"].split(os.pathsep), PURELIB])
+    python = ACCOUNT_PYTHONPATH
     term = open_terminal(
         terminals,
         c,
