@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from trainpod.cli import chaos, cluster, interactive, jobs, nodes, preempt, slurm, steps, users
+from trainpod.cli import chaos, cluster, interactive, jobs, nodes, preempt, slurm, steps, top, users
 from trainpod.cli.render import err_console
 from trainpod.errors import Retryable, TrainpodError
 
@@ -46,6 +46,7 @@ app.command("release")(jobs.release)
 app.command("preempt")(preempt.preempt)
 app.command("events")(jobs.events)
 app.command("goodput")(jobs.goodput)
+app.command("top")(top.top)
 
 
 @app.command("demo")

@@ -111,6 +111,19 @@ class TrainpodClient:
     def nodes(self) -> list[wire.NodeInfo]:
         return self._call("GET", "/v1/nodes", _NODES)
 
+    def node_telemetry(self, name: str) -> dict[str, Any] | None:
+        """The node's device samples (``{devices: [{index, name, simulated, samples}]}``);
+        None where the controller keeps none for it or has no such route (a 404)."""
+        try:
+            resp = self._http.get(f"/v1/nodes/{name}/telemetry")
+        except httpx.TransportError as exc:
+            raise ControllerUnavailable(f"cannot reach the controller at {self.url}") from exc
+        if resp.status_code == 404:
+            return None
+        if resp.status_code >= 400:
+            raise _error(resp)
+        return _DOC.validate_json(resp.content)
+
     def node_action(self, name: str, action: wire.NodeAction) -> wire.NodeInfo:
         return self._call("POST", f"/v1/nodes/{name}/actions", _NODE, body=action)
 
