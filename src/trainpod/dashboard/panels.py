@@ -71,6 +71,19 @@ def span(start: float | None, end: float | None, now: float) -> str:
     return f"{d / 3600:.1f}h"
 
 
+def size(n: int | float | None) -> str:
+    """Bytes for people: 7.7 KiB, 1.2 GiB."""
+    if not n:
+        return "-"
+    value, unit = float(n), 0
+    while value >= 1024 and unit < len(_UNITS) - 1:
+        value, unit = value / 1024, unit + 1
+    return f"{value:.0f} B" if unit == 0 else f"{value:.1f} {_UNITS[unit]}"
+
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
 # -- teams --------------------------------------------------------------------------------
 @dataclass
 class TeamRow:
@@ -181,6 +194,8 @@ def timeline(events: Sequence[EventInfo], limit: int = 200) -> list[dict[str, An
 
 
 def _value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}".rstrip("0").rstrip(".")
     if isinstance(v, tuple | list):
         return ",".join(str(x) for x in v)
     if isinstance(v, dict):

@@ -57,6 +57,7 @@ def dashboard_router(controller: Controller, *, resolve: Resolve) -> APIRouter:
         clock=panels.clock,
         first_line=panels.first_line,
         span=panels.span,
+        size=panels.size,
         refresh_s=REFRESH_S,
         colours=panels.BUCKET_COLOURS,
     )
