@@ -81,9 +81,7 @@ def test_devices_come_from_telemetry_and_long_lists_are_cut_with_a_count() -> No
         "temperature_c": 61.0,
         "energy_j": 5.0,
     }
-    tel = {
-        "n0": {"devices": [{"index": 0, "name": "sim-gpu", "simulated": True, "samples": [sample]}]}
-    }
+    tel = {"n0": [{"index": 0, "name": "sim-gpu", "simulated": True, "samples": [sample]}]}
     out = text(Frame("c", NOW, [node(i) for i in range(40)], [], tel), height=30)
     assert "sim-gpu (simulated)" in out and "87%" in out and "212 W" in out
     assert "2.0/16.0 GiB" in out

@@ -41,8 +41,9 @@ class Frame:
     at: float
     nodes: list[NodeInfo]
     jobs: list[JobInfo]
-    telemetry: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Node -> its ``/v1/nodes/{name}/telemetry`` answer, for the nodes that have one."""
+    telemetry: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Node -> its devices and their samples (``/v1/nodes/{name}/telemetry``), for the nodes
+    that have any."""
 
 
 def screen(frame: Frame, height: int = 50) -> RenderableType:
@@ -105,8 +106,8 @@ def _devices(frame: Frame, budget: int) -> Table | None:
         return None
     t = _table("DEVICES", "NODE", "DEV", "NAME", "UTIL", "MEMORY", "POWER", "TEMP")
     rows = 0
-    for node, body in frame.telemetry.items():
-        for d in body.get("devices") or []:
+    for node, devs in frame.telemetry.items():
+        for d in devs:
             samples = d.get("samples") or []
             if not samples or rows >= budget:
                 continue
@@ -173,16 +174,19 @@ class _Telemetry:
     def __init__(self) -> None:
         self.absent = False
 
-    def read(self, client: TrainpodClient, nodes: list[NodeInfo]) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
+    def read(
+        self, client: TrainpodClient, nodes: list[NodeInfo]
+    ) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
         for n in nodes:
             if self.absent:
                 break
-            body = client.node_telemetry(n.name)
-            if body is None:
+            devs = client.node_telemetry(n.name)
+            if devs is None:
                 self.absent = not out  # a 404 for the first node asked: no route at all
                 continue
-            out[n.name] = body
+            if devs:
+                out[n.name] = devs
         return out
 
 
