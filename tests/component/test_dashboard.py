@@ -219,7 +219,7 @@ def test_teams_show_quota_used_and_borrowed(dash: Dash) -> None:
     assert "yes (up to 1)" in nlp.group(1)
 
 
-def test_nodes_show_state_devices_health_and_no_telemetry_yet(dash: Dash) -> None:
+def test_nodes_show_state_devices_health_and_where_telemetry_comes_from(dash: Dash) -> None:
     c = dash.cluster
     c.agents["workers-1"].set_health("disk", "warn", reason="scratch 91% full")
     c.beat()
@@ -227,9 +227,10 @@ def test_nodes_show_state_devices_health_and_no_telemetry_yet(dash: Dash) -> Non
     html = dash.page("/ui/nodes")
     assert html.count('<tr data-node="') == 3
     assert 'title="scratch 91% full">disk' in html
-    assert 'data-telemetry="/v1/nodes/workers-0/telemetry"' in html
-    # The route comes with the metrics work; until then the page's script shows none.
-    assert dash.http.get("/v1/nodes/workers-0/telemetry").status_code == 404
+    # The page's script reads the sparklines and the energy from the metrics work's routes
+    # ("no telemetry" where there are none; tests/integration/test_dashboard_browser.py).
+    assert 'data-telemetry="/v1/nodes/workers-0/telemetry" data-field="power_w"' in html
+    assert 'data-energy-url="/v1/energy"' in html
 
 
 def test_ten_thousand_jobs_in_the_history_are_paged_by_id(dash: Dash) -> None:
