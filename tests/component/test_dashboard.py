@@ -16,7 +16,7 @@ from trainpod.api.app import create_app
 from trainpod.api.models import ClusterInfo
 from trainpod.controller.access import Principal
 from trainpod.dashboard.auth import COOKIE
-from trainpod.dashboard.routes import HISTORY_PAGE
+from trainpod.dashboard.routes import HISTORY_PAGE, WAITING_SHOWN
 from trainpod.model.states import JobState
 from trainpod.spec.job import JobSpec
 from trainpod.spec.sharing import QuotaAmount, TeamSpec, UserSpec
@@ -252,3 +252,15 @@ def test_ten_thousand_jobs_in_the_history_are_paged_by_id(dash: Dash) -> None:
     assert rows(deep, "history") == [str(i) for i in range(ids[9], ids[0] - 1, -1)]
     assert 'id="older"' not in deep
     assert dash.page(f"/ui/jobs/{ids[0]}").count("old-0") >= 1
+
+
+def test_a_long_queue_lists_its_first_jobs_and_counts_the_rest(dash: Dash) -> None:
+    c = dash.cluster
+    c.start(submit(dash, "alice", nodes=3))  # every node busy: the rest wait
+    for _ in range(WAITING_SHOWN + 7):
+        submit(dash, "bob")
+    c.controller.step()
+    dash.login("bob")
+    html = dash.page("/ui/queue")
+    assert len(rows(html, "waiting")) == WAITING_SHOWN
+    assert "… and 7 more waiting behind these" in html

@@ -30,6 +30,8 @@ from trainpod.telemetry.goodput import GoodputReport, compute_goodput
 HERE = Path(__file__).parent
 HISTORY_PAGE = 50
 """Ended jobs per page of the history (pages go by id: as cheap at 10,000 jobs as at 10)."""
+WAITING_SHOWN = 100
+"""Waiting jobs listed (the first in scheduling order); the rest are counted."""
 GOODPUT_WINDOW = 20
 """The cluster's goodput is over the jobs that hold nodes and the newest ended ones."""
 REFRESH_S = 2
@@ -114,8 +116,10 @@ def dashboard_router(controller: Controller, *, resolve: Resolve) -> APIRouter:
         goodput = panels.cluster_goodput(
             reports.of(j, controller, now) for j in [*holding, *newest]
         )
+        waiting = panels.waiting_in_order(live)
         return {
-            "waiting": panels.waiting_in_order(live),
+            "waiting": waiting[:WAITING_SHOWN],
+            "waiting_more": max(0, len(waiting) - WAITING_SHOWN),
             "holding": holding,
             "history": ended,
             "before": before,
