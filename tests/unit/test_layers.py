@@ -30,6 +30,7 @@ LAYERS: list[set[str]] = [
     {"trainpod.api.models", "trainpod.store", "trainpod.ckpt"},
     {"trainpod.client", "trainpod.telemetry"},
     {"trainpod.agent", "trainpod.controller"},
+    {"trainpod.dashboard"},
     {"trainpod.slurm", "trainpod.api"},
     {"trainpod.backends", "trainpod.testing"},
     {"trainpod.controller.daemon", "trainpod.cli", "trainpod"},

@@ -5,7 +5,6 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any
 
 import anyio.to_thread
@@ -40,14 +39,15 @@ from trainpod.api.models import (
 )
 from trainpod.controller.access import AGENT, Action, Principal, operator
 from trainpod.controller.core import Controller
-from trainpod.controller.launch import rank_log_path
+from trainpod.controller.launch import rank_log_path, read_log_chunk
+from trainpod.dashboard import cookie_token, is_ui, login_redirect, public_path
+from trainpod.dashboard import mount as mount_dashboard
 from trainpod.errors import Conflict, Forbidden, NotFound, SpecError, TrainpodError
 from trainpod.spec.job import JobSpec
 from trainpod.store.accounts import TokenRow, UserRow
 from trainpod.telemetry.goodput import compute_goodput
 
 _STATUS = {SpecError: 400, Forbidden: 403, NotFound: 404, Conflict: 409}
-_MAX_LOG_CHUNK = 256 * 1024
 
 
 def create_app(
@@ -65,13 +65,14 @@ def create_app(
         redoc_url=None,
     )
 
-    app.add_middleware(
-        BearerAuth,
+    tokens = Tokens(
         admin_token=admin_token,
         agent_token=agent_token,
         operator=operator(controller.cfg.operator),
         users=controller.access.principal,
     )
+    app.add_middleware(BearerAuth, tokens=tokens)
+    mount_dashboard(app, controller, resolve=tokens.principal)  # /ui: the web dashboard
 
     @app.exception_handler(TrainpodError)
     async def trainpod_error(_: Request, exc: TrainpodError) -> JSONResponse:
@@ -178,7 +179,7 @@ def create_app(
         data = ""
         if number:
             path = rank_log_path(controller.cfg, job_id, number, rank)
-            data, offset = _read_from(path, offset)
+            data, offset = read_log_chunk(path, offset)
         return LogChunk(
             job_id=job_id, attempt=number, rank=rank, offset=offset, data=data, job_ended=ended
         )
@@ -237,31 +238,25 @@ def create_app(
     return app
 
 
-class BearerAuth:
-    """Every call needs a bearer token, and is made as the principal it names: the admin
-    token (the cluster's creator, an admin), the agents' token (only ``/v1/agent/``) or a
-    user's token (everything but the agent API; what they may do there is the access
-    policy's, :mod:`trainpod.controller.access`). The principal goes in the request's state.
-
-    A plain ASGI middleware: Starlette's ``@app.middleware("http")`` wraps every request and
-    response in extra streams and tasks, a cost paid by every heartbeat of every agent."""
+class Tokens:
+    """Which principal a token names: the admin token (the cluster's creator, an admin), the
+    agents' token, or a user's token (None: none of them)."""
 
     def __init__(
         self,
-        app: ASGIApp,
         *,
         admin_token: str,
         agent_token: str,
         operator: Principal,
         users: Callable[[str], Principal | None],
     ) -> None:
-        self.app = app
         self._admin = admin_token.encode()
         self._agent = agent_token.encode()
         self._operator = operator
         self._users = users
 
-    def _principal(self, token: bytes) -> Principal | None:
+    def principal(self, token: bytes | str) -> Principal | None:
+        token = token.encode() if isinstance(token, str) else token
         if not token:
             return None
         if secrets.compare_digest(token, self._admin):
@@ -273,14 +268,42 @@ class BearerAuth:
         except UnicodeDecodeError:
             return None
 
+
+class BearerAuth:
+    """Every call needs a bearer token, and is made as the principal it names: the admin
+    token (the cluster's creator, an admin), the agents' token (only ``/v1/agent/``) or a
+    user's token (everything but the agent API; what they may do there is the access
+    policy's, :mod:`trainpod.controller.access`). The principal goes in the request's state.
+
+    The dashboard (``/ui``) logs in with a cookie instead (:mod:`trainpod.dashboard.auth`):
+    it is read for ``/ui`` and for GET/HEAD calls of the JSON API only, so a cookie alone
+    never changes anything; without a valid one a page goes to the login page.
+
+    A plain ASGI middleware: Starlette's ``@app.middleware("http")`` wraps every request and
+    response in extra streams and tasks, a cost paid by every heartbeat of every agent."""
+
+    def __init__(self, app: ASGIApp, *, tokens: Tokens) -> None:
+        self.app = app
+        self._tokens = tokens
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         token = header[7:] if header[:7].lower() == b"bearer " else b""
-        who = self._principal(token)
-        agent_api = str(scope["path"]).startswith("/v1/agent/")
+        path = str(scope["path"])
+        agent_api = path.startswith("/v1/agent/")
+        ui = is_ui(path)
+        if not token and (ui or (scope["method"] in ("GET", "HEAD") and not agent_api)):
+            token = cookie_token(scope["headers"])
+        who = self._tokens.principal(token)
+        if ui and who is None:
+            if public_path(path):
+                await self.app(scope, receive, send)
+            else:
+                await login_redirect(scope, receive, send)
+            return
         if who is not None and (who.is_admin or (who.role == "agent") == agent_api):
             scope.setdefault("state", {})["principal"] = who
             await self.app(scope, receive, send)
@@ -322,21 +345,3 @@ def _user_info(u: UserRow, tokens: list[TokenRow]) -> UserInfo:
             TokenInfo(id=t.id, created_at=t.created_at, revoked_at=t.revoked_at) for t in tokens
         ],
     )
-
-
-def _read_from(path: Path, offset: int) -> tuple[str, int]:
-    """Up to a chunk of ``path`` from ``offset``: the text and the offset after it."""
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            raw = f.read(_MAX_LOG_CHUNK)
-    except FileNotFoundError:
-        return "", offset
-    if len(raw) == _MAX_LOG_CHUNK:
-        # Stop before a UTF-8 sequence cut in half; the next read starts at its first byte.
-        cut = len(raw)
-        while cut > 0 and len(raw) - cut < 4 and (raw[cut - 1] & 0xC0) == 0x80:
-            cut -= 1
-        if cut > 0 and raw[cut - 1] >= 0xC0:
-            raw = raw[: cut - 1]
-    return raw.decode("utf-8", errors="replace"), offset + len(raw)

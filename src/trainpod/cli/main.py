@@ -16,6 +16,7 @@ from trainpod.cli import (
     slurm,
     steps,
     tensorboard,
+    top,
     users,
 )
 from trainpod.cli.render import err_console
@@ -58,6 +59,7 @@ app.command("preempt")(preempt.preempt)
 app.command("events")(jobs.events)
 app.command("goodput")(jobs.goodput)
 app.command("tensorboard")(tensorboard.tensorboard)
+app.command("top")(top.top)
 
 
 @app.command("demo")

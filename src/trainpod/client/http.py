@@ -32,6 +32,7 @@ _NODES = TypeAdapter(list[wire.NodeInfo])
 _NODE = TypeAdapter(wire.NodeInfo)
 _CHAOS = TypeAdapter(wire.ChaosOrder)
 _DOC = TypeAdapter(dict[str, Any])
+_ANY: TypeAdapter[Any] = TypeAdapter(Any)
 _JOB = TypeAdapter(wire.JobInfo)
 _JOBS = TypeAdapter(list[wire.JobInfo])
 _PLAN = TypeAdapter(wire.LaunchPlan)
@@ -110,6 +111,22 @@ class TrainpodClient:
 
     def nodes(self) -> list[wire.NodeInfo]:
         return self._call("GET", "/v1/nodes", _NODES)
+
+    def node_telemetry(self, name: str) -> list[dict[str, Any]] | None:
+        """The node's devices with their recent samples (``[{index, name, simulated,
+        samples: [{t, utilization_pct, memory_used_bytes, ...}]}]``; a ``{devices: [...]}``
+        answer is read the same); None where the controller has no such route (a 404)."""
+        try:
+            resp = self._http.get(f"/v1/nodes/{name}/telemetry")
+        except httpx.TransportError as exc:
+            raise ControllerUnavailable(f"cannot reach the controller at {self.url}") from exc
+        if resp.status_code == 404:
+            return None
+        if resp.status_code >= 400:
+            raise _error(resp)
+        body = _ANY.validate_json(resp.content)
+        devices = body.get("devices", []) if isinstance(body, dict) else body
+        return [d for d in devices if isinstance(d, dict)] if isinstance(devices, list) else []
 
     def node_action(self, name: str, action: wire.NodeAction) -> wire.NodeInfo:
         return self._call("POST", f"/v1/nodes/{name}/actions", _NODE, body=action)

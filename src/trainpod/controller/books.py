@@ -8,14 +8,17 @@ restart is in the store (events), and a book refills from the next heartbeats.
 from __future__ import annotations
 
 from trainpod.api.models import ChaosOrder, RankBeacon
+from trainpod.controller.history import ProgressHistory
 from trainpod.controller.progress import Book
 from trainpod.controller.stragglers import StragglerTracker
 
 
 class BeaconBook:
-    """Progress beacons by attempt and rank, with the controller time they arrived."""
+    """Progress beacons by attempt and rank, with the controller time they arrived; the
+    jobs' progress over time in ``history`` (the dashboard's curves)."""
 
     def __init__(self) -> None:
+        self.history = ProgressHistory()
         self.by_attempt: dict[int, dict[int, tuple[RankBeacon, float]]] = {}
         self.first_logged: set[int] = set()  # attempts whose first_beacon is in the store
         self.straggling: dict[int, tuple[StragglerTracker, float]] = {}

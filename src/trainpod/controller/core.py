@@ -54,6 +54,7 @@ from trainpod.controller.checkpoints import CheckpointEvents
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.executor import Executor
 from trainpod.controller.external import Scheduling
+from trainpod.controller.history import ProgressPoint
 from trainpod.controller.intake import HeartbeatIngest
 from trainpod.controller.operators import Operators
 from trainpod.controller.ops import Observed
@@ -430,7 +431,9 @@ class Controller:
         snapshot = self.planner.run(now)
         if snapshot is not None:  # something changed: evict what ended jobs left behind
             self.orders.keep_only({r.attempt for r in snapshot.running})
-            self.checkpoints.keep_only(set(self.store.job_ids(_LIVE_JOB_STATES)))
+            live = set(self.store.job_ids(_LIVE_JOB_STATES))
+            self.checkpoints.keep_only(live)
+            self.beacons.history.keep_only(live)
 
     # -- operators and the external scheduler ---------------------------------------------
     def node_action(self, name: str, action: NodeAction) -> NodeRow:
@@ -508,3 +511,9 @@ class Controller:
 
     def counts(self) -> tuple[dict[str, int], dict[str, int]]:
         return self.views.counts()
+
+    def progress_history(self, job_id: int) -> list[ProgressPoint]:
+        """The job's progress points (the dashboard's curves): live jobs' ring, or the thinned
+        copy kept of a recently ended one; empty when none is kept."""
+        with self._lock:
+            return self.beacons.history.of(job_id)

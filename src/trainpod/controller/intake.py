@@ -146,6 +146,7 @@ class HeartbeatIngest:
             if not beacons:
                 continue
             self.beacons.record(attempt.id, beacons, now)
+            self.beacons.history.add(attempt.job_id, attempt.number, beacons, now)
             if attempt.id in self.beacons.first_logged:
                 continue
             self.beacons.first_logged.add(attempt.id)

@@ -10,6 +10,8 @@ from trainpod.spec.job import JobSpec
 from trainpod.telemetry.tensorboard import ENV as TENSORBOARD_ENV
 from trainpod.telemetry.tensorboard import tensorboard_dir
 
+MAX_LOG_CHUNK = 256 * 1024
+
 
 def attempt_log_dir(cfg: ControllerConfig, job_id: int, attempt_number: int) -> Path:
     return cfg.jobs_dir / str(job_id) / f"attempt-{attempt_number}"
@@ -17,6 +19,24 @@ def attempt_log_dir(cfg: ControllerConfig, job_id: int, attempt_number: int) -> 
 
 def rank_log_path(cfg: ControllerConfig, job_id: int, attempt_number: int, rank: int) -> Path:
     return attempt_log_dir(cfg, job_id, attempt_number) / f"rank-{rank}.log"
+
+
+def read_log_chunk(path: Path, offset: int) -> tuple[str, int]:
+    """Up to a chunk of ``path`` from ``offset``: the text and the offset after it."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            raw = f.read(MAX_LOG_CHUNK)
+    except FileNotFoundError:
+        return "", offset
+    if len(raw) == MAX_LOG_CHUNK:
+        # Stop before a UTF-8 sequence cut in half; the next read starts at its first byte.
+        cut = len(raw)
+        while cut > 0 and len(raw) - cut < 4 and (raw[cut - 1] & 0xC0) == 0x80:
+            cut -= 1
+        if cut > 0 and raw[cut - 1] >= 0xC0:
+            raw = raw[: cut - 1]
+    return raw.decode("utf-8", errors="replace"), offset + len(raw)
 
 
 def node_env(

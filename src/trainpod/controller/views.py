@@ -35,6 +35,7 @@ FROZEN_AFTER_S = 60.0
 """An ended job's row no longer changes (late reports from its agents arrive within seconds)."""
 FROZEN_MAX = 100_000  # ended jobs whose JSON is kept (about 1 KB each)
 _JOB = TypeAdapter(JobInfo)
+_ENDED = [s for s in JobState if s.ended]
 
 
 class Views:
@@ -107,6 +108,13 @@ class Views:
             rows = self._read(self.store.jobs(states, limit=limit))
         return _build(rows)
 
+    def ended(self, before: int | None, count: int) -> list[JobInfo]:
+        """A page of the history: up to ``count`` ended jobs with an id below ``before``
+        (None: the newest), newest first."""
+        with self._lock:
+            rows = self._read(self.store.jobs_before(_ENDED, before, count))
+        return _build(rows)
+
     def _read(self, jobs: list[JobRow]) -> _Rows:
         """Everything the jobs' models need, in three queries (under the lock)."""
         attempts = self.store.attempts_of_jobs([j.id for j in jobs])
@@ -137,7 +145,7 @@ class Views:
     def counts(self) -> tuple[dict[str, int], dict[str, int]]:
         with self._lock:
             nodes = Counter(n.state.value for n in self.store.nodes())
-            jobs = Counter(j.state.value for j in self.store.jobs())
+            jobs = Counter(state.value for _, state, _, _ in self.store.job_heads())
         return dict(nodes), dict(jobs)
 
 

@@ -314,6 +314,19 @@ class Store:
         rows = self._select_jobs("id, state, updated_at, ended_at", states, limit)
         return [(int(r[0]), JobState(r[1]), r[2], r[3]) for r in rows]
 
+    def jobs_before(
+        self, states: Sequence[JobState], before: int | None, limit: int
+    ) -> list[JobRow]:
+        """Up to ``limit`` jobs in ``states`` with an id below ``before`` (None: any), newest
+        first: one page of a history, by key (no OFFSET scan however deep the page)."""
+        sql = f"SELECT * FROM jobs WHERE state IN ({','.join('?' * len(states))})"
+        args: list[Any] = [s.value for s in states]
+        if before is not None:
+            sql += " AND id < ?"
+            args.append(before)
+        rows = self._conn.execute(sql + " ORDER BY id DESC LIMIT ?", [*args, limit])
+        return [JobRow.from_sql(r) for r in rows]
+
     def jobs_by_id(self, job_ids: Sequence[int]) -> list[JobRow]:
         """The jobs ``job_ids`` in one query, by id."""
         if not job_ids:
