@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from markupsafe import escape
 
 from trainpod.api.app import create_app
 from trainpod.api.models import ClusterInfo
@@ -165,7 +166,7 @@ def test_the_queue_lists_waiting_jobs_in_scheduling_order_with_reasons(dash: Das
     assert rows(html, "waiting") == [str(j) for j in order]
     assert rows(html, "running") == [str(running)]
     for j in later:
-        assert infos[j].reason.splitlines()[0] in html  # why it waits
+        assert str(escape(infos[j].reason.splitlines()[0])) in html  # why it waits
     # The live fragment is the same table, without the page around it.
     fragment = dash.page("/ui/fragments/queue")
     assert rows(fragment, "waiting") == [str(j) for j in order] and "<html" not in fragment
