@@ -13,6 +13,7 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from trainpod.api.devices import DeviceTelemetry
 from trainpod.api.models import (
     AllocationLease,
     ChaosOrder,
@@ -85,6 +86,11 @@ def create_app(
     @app.get("/v1/nodes", response_model=list[NodeInfo])
     def nodes() -> list[NodeInfo]:
         return controller.node_infos()
+
+    @app.get("/v1/nodes/{name}/telemetry", response_model=list[DeviceTelemetry])
+    def node_telemetry(name: str) -> list[DeviceTelemetry]:
+        """The node's devices with their last samples (about two minutes), oldest first."""
+        return controller.node_telemetry(name)
 
     @app.post("/v1/nodes/{name}/actions", response_model=NodeInfo)
     def node_action(name: str, action: NodeAction, who: Caller) -> NodeInfo:

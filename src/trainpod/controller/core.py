@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from trainpod.api.devices import DeviceTelemetry
 from trainpod.api.models import (
     AllocationLease,
     ChaosOrder,
@@ -62,6 +63,7 @@ from trainpod.controller.planning import Planner
 from trainpod.controller.policy import FaultKind
 from trainpod.controller.ports import PortAllocator, free_port
 from trainpod.controller.repair import NodeRepair, Replacer
+from trainpod.controller.telemetry import TelemetryBook
 from trainpod.controller.transitions import Transitions
 from trainpod.controller.views import Views
 from trainpod.controller.wake import Wake
@@ -114,6 +116,7 @@ class Controller:
         self.beacons = BeaconBook()
         self.chaos_book = ChaosBook()
         self.checkpoints = CheckpointEvents()
+        self.telemetry = TelemetryBook(store)
         self.executor = Executor(store, config, self.tx, self.scheduling, self.beacons)
         self.repair = NodeRepair(store, config, self.tx, self.scheduling, replacer)
         self.intake = HeartbeatIngest(
@@ -126,6 +129,7 @@ class Controller:
             self.beacons,
             self.chaos_book,
             self.checkpoints,
+            self.telemetry,
         )
         self.watchdog = Watchdog(
             store, config, self.tx, self.scheduling, self.executor, self.beacons
@@ -421,12 +425,15 @@ class Controller:
             for job_id in self.allocations.expired(now):
                 self.cancel(job_id)
             self._schedule(now)
+            self.telemetry.flush(now)
 
     def _schedule(self, now: float) -> None:
         snapshot = self.planner.run(now)
         if snapshot is not None:  # something changed: evict what ended jobs left behind
             self.orders.keep_only({r.attempt for r in snapshot.running})
             self.checkpoints.keep_only(set(self.store.job_ids(_LIVE_JOB_STATES)))
+            gone = (NodeState.STOPPED, NodeState.RETIRED)
+            self.telemetry.keep_only({n.name for n in self.store.nodes() if n.state not in gone})
 
     # -- operators and the external scheduler ---------------------------------------------
     def node_action(self, name: str, action: NodeAction) -> NodeRow:
@@ -468,6 +475,11 @@ class Controller:
         except Exception:  # the store itself may be what fails; the log has the error
             log.exception("could not record the reconcile step's failure")
 
+    def flush_energy(self) -> None:
+        """Write the energy not yet in the store (a controller that stops on purpose)."""
+        with self._lock, self.store.transaction():
+            self.telemetry.flush(self.clock.now(), force=True)
+
     def prune_events(self) -> int:
         """Apply the event log's retention; returns how many events went."""
         with self._lock:
@@ -476,6 +488,12 @@ class Controller:
     # -- queries --------------------------------------------------------------------------
     def node_infos(self) -> list[NodeInfo]:
         return self.views.nodes()
+
+    def node_telemetry(self, name: str) -> list[DeviceTelemetry]:
+        """The node's devices and their recent samples (NotFound for an unknown node)."""
+        with self._lock:
+            self.tx.node(name)
+            return self.telemetry.of(name)
 
     def job_info(self, job_id: int) -> JobInfo:
         return self.views.job(job_id)

@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         stop.set()
         controller.wakeup.set()
+        controller.flush_energy()
 
 
 if __name__ == "__main__":
