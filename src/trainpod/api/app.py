@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import anyio.to_thread
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trainpod.api.devices import DeviceTelemetry
@@ -47,6 +48,9 @@ from trainpod.spec.job import JobSpec
 from trainpod.store.accounts import TokenRow, UserRow
 from trainpod.telemetry.goodput import compute_goodput
 
+METRICS_PATH = "/metrics"
+SCRAPER = Principal("prometheus", "user")
+"""The holder of the read-only scrape token (``scrape.token``): ``/metrics`` only."""
 _STATUS = {SpecError: 400, Forbidden: 403, NotFound: 404, Conflict: 409}
 _MAX_LOG_CHUNK = 256 * 1024
 
@@ -57,7 +61,9 @@ def create_app(
     admin_token: str,
     agent_token: str,
     info: Callable[[], ClusterInfo],
+    scrape_token: str = "",
 ) -> FastAPI:
+    """``scrape_token``: a read-only token that opens ``/metrics`` only (empty: none)."""
     app = FastAPI(
         title="trainpod controller",
         version="1",
@@ -72,7 +78,15 @@ def create_app(
         agent_token=agent_token,
         operator=operator(controller.cfg.operator),
         users=controller.access.principal,
+        scrape_token=scrape_token,
     )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(controller.metrics)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        """Prometheus' text format, read from the controller's state at this scrape."""
+        return Response(content=generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.exception_handler(TrainpodError)
     async def trainpod_error(_: Request, exc: TrainpodError) -> JSONResponse:
@@ -259,8 +273,10 @@ class BearerAuth:
         agent_token: str,
         operator: Principal,
         users: Callable[[str], Principal | None],
+        scrape_token: str = "",
     ) -> None:
         self.app = app
+        self._scrape = scrape_token.encode()
         self._admin = admin_token.encode()
         self._agent = agent_token.encode()
         self._operator = operator
@@ -284,9 +300,15 @@ class BearerAuth:
             return
         header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         token = header[7:] if header[:7].lower() == b"bearer " else b""
-        who = self._principal(token)
-        agent_api = str(scope["path"]).startswith("/v1/agent/")
-        if who is not None and (who.is_admin or (who.role == "agent") == agent_api):
+        path = str(scope["path"])
+        scraper = bool(self._scrape) and bool(token) and secrets.compare_digest(token, self._scrape)
+        who = SCRAPER if scraper else self._principal(token)
+        agent_api = path.startswith("/v1/agent/")
+        if who is SCRAPER:
+            allowed = path == METRICS_PATH
+        else:
+            allowed = who is not None and (who.is_admin or (who.role == "agent") == agent_api)
+        if who is not None and allowed:
             scope.setdefault("state", {})["principal"] = who
             await self.app(scope, receive, send)
             return
@@ -299,6 +321,9 @@ class BearerAuth:
         elif who.role == "agent":
             status, error = 403, "Forbidden"
             message = "the agents' token reaches only the agent API (/v1/agent/)"
+        elif who is SCRAPER:
+            status, error = 403, "Forbidden"
+            message = f"the scrape token (scrape.token) reaches only {METRICS_PATH}"
         else:
             status, error = 403, "Forbidden"
             message = f"{who.name} may not call the agent API: only node agents may"

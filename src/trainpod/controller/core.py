@@ -56,6 +56,7 @@ from trainpod.controller.config import ControllerConfig
 from trainpod.controller.executor import Executor
 from trainpod.controller.external import Scheduling
 from trainpod.controller.intake import HeartbeatIngest
+from trainpod.controller.metrics import ClusterMetrics
 from trainpod.controller.operators import Operators
 from trainpod.controller.ops import Observed
 from trainpod.controller.orders import OrderDesk
@@ -155,6 +156,16 @@ class Controller:
         self.admission = Admission(config, self.tx, self.scheduling)
         self.access = Access(store, self.clock, self._lock)
         self.planner = Planner(store, config, self.tx, self.scheduling, self.executor)
+        self.metrics = ClusterMetrics(
+            store,
+            config,
+            self._lock,
+            self.views,
+            self.beacons,
+            self.telemetry,
+            self.planner,
+            self.clock.now,
+        )
         self.operators = Operators(store, self.tx, self.scheduling, self.executor, self.repair)
         self.allocations = Allocations(
             store, config, self.tx, ports, leases=self.scheduling.leases_allocations

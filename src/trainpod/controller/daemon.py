@@ -23,7 +23,7 @@ from trainpod.controller.config import ControllerConfig, NodeDecl, PreemptionCon
 from trainpod.controller.core import Controller
 from trainpod.controller.external import Scheduling
 from trainpod.controller.ops import ClusterOps
-from trainpod.paths import ClusterPaths, ClusterRecord, read_secret
+from trainpod.paths import ClusterPaths, ClusterRecord, read_secret, write_secret
 from trainpod.spec.loading import load_recorded_spec
 from trainpod.spec.sharing import quota_nodes
 from trainpod.store.repo import Store
@@ -81,6 +81,13 @@ def _owner_of(path: Path) -> str:
         return pwd.getpwuid(path.stat().st_uid).pw_name
     except (KeyError, OSError):
         return "admin"
+
+
+def _scrape_token(paths: ClusterPaths) -> str:
+    """Prometheus' token for /metrics, made on the first start (also for older clusters)."""
+    if not paths.scrape_token.exists():
+        return write_secret(paths.scrape_token)
+    return read_secret(paths.scrape_token)
 
 
 STEP_BACKOFF_MAX_S = 30.0
@@ -199,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         admin_token=read_secret(paths.admin_token),
         agent_token=read_secret(paths.agent_token),
         info=info,
+        scrape_token=_scrape_token(paths),
     )
     stop = threading.Event()
     loop = threading.Thread(target=run_reconciler, args=(controller, stop, health), daemon=True)

@@ -78,6 +78,14 @@ class TelemetryBook:
         """Joules of the job not written yet (a view adds them to the stored ones)."""
         return sum(e for (j, _, _), (e, _) in self._pending.items() if j == job_id)
 
+    def unflushed_by_job(self) -> dict[int, tuple[float, bool]]:
+        """Job id -> (joules not written yet, any simulated), for a scrape."""
+        out: dict[int, tuple[float, bool]] = {}
+        for (j, _, _), (e, sim) in self._pending.items():
+            old, was = out.get(j, (0.0, False))
+            out[j] = (old + e, was or sim)
+        return out
+
     def forget(self, node: str) -> None:
         self.rings.pop(node, None)
 

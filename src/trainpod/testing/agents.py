@@ -233,8 +233,10 @@ class FakeAgent:
         step_time_s: float | None = None,
         checkpoint_step: int | None = None,
         checkpoint_stall_s: float = 0.0,
+        **extra: float,
     ) -> RankBeacon:
-        """Rank ``rank`` reports ``step`` at ``at`` (default: now, by the agent's clock).
+        """Rank ``rank`` reports ``step`` at ``at`` (default: now, by the agent's clock),
+        with ``extra`` metrics as ``trainpod.report`` passes them (``loss=``, ``tokens=``).
 
         The next beats carry the rank's summary (a :class:`RankBeacon` whose ``age_s`` is
         measured at each beat). ``step_time_s`` defaults to the time per step since the
@@ -252,7 +254,7 @@ class FakeAgent:
                 step_time_s = (at - last_at) / (step - last_step)
         if step_time_s is not None:
             run.step_times[rank] = step_time_s
-        metrics: dict[str, Any] = {}
+        metrics: dict[str, Any] = dict(extra)
         if checkpoint_step is not None:
             metrics["checkpoint_step"] = checkpoint_step
         if checkpoint_stall_s:
