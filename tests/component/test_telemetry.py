@@ -108,3 +108,16 @@ def test_energy_goes_to_the_attempt_holding_the_node_and_survives_a_restart(
     restarted = cluster.restart_controller()
     with restarted.store.transaction():
         assert Energy(restarted.store).of_job(job) == rows
+    with client_for(cluster) as client:
+        e = client.get(f"/v1/jobs/{job}/energy", headers=ADMIN).json()
+        assert e["joules"] == pytest.approx(row.joules)
+        assert e["kwh"] == pytest.approx(row.joules / 3.6e6)
+        assert e["co2e_kg"] == pytest.approx(e["kwh"] * 475.0 / 1000)  # world average
+        assert e["simulated"] and "world average" in e["intensity_source"]
+        assert [(p["attempt"], p["node"]) for p in e["parts"]] == [(1, row.node)]
+        summary = client.get("/v1/energy", headers=ADMIN).json()
+        assert summary["teams"]["none"]["joules"] == pytest.approx(row.joules)
+        assert summary["users"][cluster.job(job).spec.user]["joules"] == pytest.approx(row.joules)
+        total = summary["cluster"]["joules"]
+        assert total == pytest.approx(row.joules + summary["idle"]["joules"])
+        assert client.get("/v1/jobs/999/energy", headers=ADMIN).status_code == 404

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from trainpod.api.devices import DeviceTelemetry
+from trainpod.api.devices import DeviceTelemetry, EnergySummary, JobEnergy
 from trainpod.api.models import (
     AllocationLease,
     ChaosOrder,
@@ -122,6 +122,16 @@ def create_app(
         job = controller.job_info(job_id)
         events = controller.event_infos(job_id=job_id)
         return compute_goodput(job, events, time.time()).to_dict()
+
+    @app.get("/v1/jobs/{job_id}/energy", response_model=JobEnergy)
+    def job_energy(job_id: int) -> JobEnergy:
+        """The job's energy per attempt and node, in kWh and kg CO2e."""
+        return controller.energy.job(job_id)
+
+    @app.get("/v1/energy", response_model=EnergySummary)
+    def energy() -> EnergySummary:
+        """Energy and CO2e per team, user and the whole cluster."""
+        return controller.energy.summary()
 
     @app.post("/v1/jobs", response_model=JobInfo, status_code=201)
     def submit(spec: JobSpec, who: Caller) -> JobInfo:

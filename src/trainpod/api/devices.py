@@ -61,3 +61,39 @@ class DeviceTelemetry(_Model):
     name: str
     simulated: bool
     samples: list[TelemetryPoint]
+
+
+class EnergyPart(_Model):
+    """Energy of one job attempt on one node."""
+
+    attempt: int
+    node: str
+    joules: float
+    simulated: bool
+
+
+class Footprint(_Model):
+    """Energy and its CO2e (energy x the cluster's carbon intensity)."""
+
+    joules: float
+    kwh: float
+    co2e_kg: float
+    simulated: bool = Field(description="some of the energy came from simulated devices")
+
+
+class JobEnergy(Footprint):
+    job_id: int
+    g_per_kwh: float
+    intensity_source: str
+    parts: list[EnergyPart] = Field(default_factory=list)
+
+
+class EnergySummary(_Model):
+    """Energy and CO2e per team, user and the whole cluster (idle devices included)."""
+
+    g_per_kwh: float
+    intensity_source: str
+    cluster: Footprint
+    idle: Footprint
+    teams: dict[str, Footprint]
+    users: dict[str, Footprint]

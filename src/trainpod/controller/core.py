@@ -53,6 +53,7 @@ from trainpod.controller.allocations import Allocations
 from trainpod.controller.books import BeaconBook, ChaosBook
 from trainpod.controller.checkpoints import CheckpointEvents
 from trainpod.controller.config import ControllerConfig
+from trainpod.controller.energy import EnergyViews
 from trainpod.controller.executor import Executor
 from trainpod.controller.external import Scheduling
 from trainpod.controller.intake import HeartbeatIngest
@@ -156,6 +157,7 @@ class Controller:
         self.admission = Admission(config, self.tx, self.scheduling)
         self.access = Access(store, self.clock, self._lock)
         self.planner = Planner(store, config, self.tx, self.scheduling, self.executor)
+        self.energy = EnergyViews(store, config, self.tx, self._lock, self.telemetry)
         self.metrics = ClusterMetrics(
             store,
             config,
