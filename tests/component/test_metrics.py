@@ -82,7 +82,7 @@ def test_a_job_through_a_crash_shows_in_the_metrics(
                 agent.progress(attempt, r.rank, step, step_time_s=2.0)
         c.tick(0.0)
     m = scrape(client)
-    labels = {"job": str(job), "team": "vision"}
+    labels = {"job_id": str(job), "team": "vision"}
     assert value(m, "trainpod_job_step", **labels) == 5
     assert value(m, "trainpod_job_steps_per_second", **labels) == pytest.approx(0.5)
     assert value(m, "trainpod_job_loss", **labels) == pytest.approx(2.0)

@@ -22,6 +22,7 @@ from trainpod.controller import progress
 from trainpod.controller.books import BeaconBook
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.planning import Planner
+from trainpod.controller.policy import FaultKind
 from trainpod.controller.telemetry import TelemetryBook
 from trainpod.controller.views import FROZEN_AFTER_S, Views
 from trainpod.model.events import recorded
@@ -34,6 +35,7 @@ from trainpod.telemetry.goodput import GoodputReport, compute_goodput
 from trainpod.telemetry.metrics import EnergySum, JobLive, Scrape, Sums, families
 from trainpod.telemetry.tally import KINDS, UNKNOWN, EventTally, JobMeta
 
+TIERS = ("memory", "scratch", "peer", "durable")  # trainpod.ckpt's tiers
 _WAITING = (JobState.QUEUED, JobState.PREEMPTED)
 _LIVE = [s for s in JobState if not s.ended]
 
@@ -71,6 +73,12 @@ class ClusterMetrics(Collector):
         self._meta: dict[int, JobMeta] = {}
         self._done: dict[int, _Done] = {}
         self.tally = EventTally()
+        self.tally.seed(
+            [f.value for f in FaultKind],
+            TIERS,
+            cfg.partitions,
+            ["none", *(t.name for t in cfg.teams)],
+        )
 
     def describe(self) -> Iterable[Metric]:
         return []  # registering must not run a scrape

@@ -3,8 +3,9 @@
 Names follow Prometheus' rules: a ``trainpod_`` prefix, base units (seconds, bytes, joules,
 grams, celsius, watts, ratios 0-1), ``_total`` on counters. Labels are bounded: cluster,
 node, device, group, state, team, partition, priority_class, fault, tier, cause, reason,
-simulated; ``job`` only on the ``trainpod_job_*`` series of live jobs, which end with the
-job. What each label can cost is in docs/decisions/0018-metrics-and-cardinality.md.
+simulated; ``job_id`` only on the ``trainpod_job_*`` series of live jobs, which end with the
+job (not ``job``: Prometheus gives every series of a target its scrape job's name
+there). What each label can cost is in docs/decisions/0018-metrics-and-cardinality.md.
 """
 
 from __future__ import annotations
@@ -220,15 +221,15 @@ def _goodput(s: Scrape) -> list[Family]:
     job_ratio = _g(
         "trainpod_job_goodput_ratio",
         "A live job's productive share of its wall clock.",
-        ["job", "team"],
+        ["job_id", "team"],
     )
     job_wall = _g(
-        "trainpod_job_wall_seconds", "A live job's wall clock since submission.", ["job", "team"]
+        "trainpod_job_wall_seconds", "A live job's wall clock since submission.", ["job_id", "team"]
     )
     job_lost = _g(
         "trainpod_job_lost_seconds",
         "A live job's seconds lost, by cause.",
-        ["job", "team", "cause"],
+        ["job_id", "team", "cause"],
     )
     for j in s.live:
         labels = [c, str(j.job_id), j.team]
@@ -259,17 +260,19 @@ def _goodput(s: Scrape) -> list[Family]:
 def _progress(s: Scrape) -> list[Family]:
     c = s.cluster
     step = _g(
-        "trainpod_job_step", "The last step every rank of a live job finished.", ["job", "team"]
+        "trainpod_job_step", "The last step every rank of a live job finished.", ["job_id", "team"]
     )
     rate = _g(
-        "trainpod_job_steps_per_second", "A live job's step rate (median rank).", ["job", "team"]
+        "trainpod_job_steps_per_second", "A live job's step rate (median rank).", ["job_id", "team"]
     )
     tokens = _c(
         "trainpod_job_tokens_total",
         "Tokens a live job's current attempt processed.",
-        ["job", "team"],
+        ["job_id", "team"],
     )
-    loss = _g("trainpod_job_loss", "The loss a live job's rank 0 last reported.", ["job", "team"])
+    loss = _g(
+        "trainpod_job_loss", "The loss a live job's rank 0 last reported.", ["job_id", "team"]
+    )
     for j in s.live:
         labels = [c, str(j.job_id), j.team]
         if j.step is not None:
@@ -330,12 +333,12 @@ def _energy(s: Scrape) -> list[Family]:
     job_e = _g(
         "trainpod_job_energy_joules",
         "A live job's energy, every attempt.",
-        ["job", "team", "simulated"],
+        ["job_id", "team", "simulated"],
     )
     job_co2 = _g(
         "trainpod_job_co2e_grams",
         "A live job's CO2e (energy x intensity).",
-        ["job", "team", "simulated"],
+        ["job_id", "team", "simulated"],
     )
     for j in s.live:
         lv = [c, str(j.job_id), j.team, _sim(j.simulated)]

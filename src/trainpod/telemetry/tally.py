@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from trainpod.model.events import (
@@ -117,6 +117,29 @@ class EventTally:
     commit: dict[str, Histogram] = field(default_factory=dict)  # tier
     failures: Counter[str] = field(default_factory=Counter)  # tier
     _detected: dict[int, tuple[float, str]] = field(default_factory=dict)  # job -> (ts, fault)
+
+    def seed(
+        self,
+        faults: Iterable[str],
+        tiers: Iterable[str],
+        partitions: Iterable[str],
+        teams: Iterable[str],
+    ) -> None:
+        """Zero series for the label values known up front, so that ``rate`` and
+        ``increase`` see a counter from 0 and a dashboard query has data before the first
+        fault, checkpoint or restart."""
+        for f in faults:
+            self.faults[f] += 0
+            _hist(self.detection, f, DETECTION_BUCKETS)
+            _hist(self.recovery, f, RECOVERY_BUCKETS)
+        for t in tiers:
+            self.failures[t] += 0
+            _hist(self.commit, t, COMMIT_BUCKETS)
+        for p in partitions:
+            _hist(self.queue_wait, p, QUEUE_WAIT_BUCKETS)
+        for team in teams:
+            self.attempts[team] += 0
+            self.restarts[team] += 0
 
     def fold(self, events: Sequence[Recorded], meta: Callable[[int], JobMeta]) -> None:
         """Add ``events`` (ids above :attr:`last_id`, in order) to the tallies."""
