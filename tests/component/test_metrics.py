@@ -5,16 +5,21 @@ sampler over its simulated reader)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client import generate_latest
+from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from trainpod.agent.devices import DeviceTelemetry, SimulatedReader
 from trainpod.api.app import create_app
 from trainpod.api.models import ClusterInfo
+from trainpod.telemetry.exposition import render
+from trainpod.telemetry.metrics import families
 
 from .healing import HealingCluster, Make
 
@@ -125,6 +130,25 @@ def test_a_job_through_a_crash_shows_in_the_metrics(
     assert value(m, "trainpod_cluster_energy_joules_total") > joules  # idle devices too
     assert 0 < value(m, "trainpod_cluster_goodput_ratio") < 1
     assert value(m, "trainpod_restarts_total", team="vision") == 1  # counted once
+
+
+def test_the_fast_exposition_is_prometheus_clients_byte_for_byte(cluster: HealingCluster) -> None:
+    c = cluster
+    job = c.submit(auto_resume=True, team='the "quoted" team\\')  # label values escaped
+    c.start(job)
+    c.tick(3.0)
+    c.crash(job, 1)
+    c.tick(1.0)
+    scrape = c.controller.metrics.scrape()
+    assert render(families(scrape)) == generate_latest(_Fixed(families(scrape)))
+
+
+class _Fixed(Collector):
+    def __init__(self, fams: list[Metric]) -> None:
+        self.fams = fams
+
+    def collect(self) -> Iterable[Metric]:
+        return self.fams
 
 
 def test_who_may_scrape(cluster: HealingCluster, client: TestClient) -> None:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import anyio.to_thread
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trainpod.api.devices import DeviceTelemetry, EnergySummary, JobEnergy
@@ -46,6 +46,7 @@ from trainpod.controller.launch import rank_log_path
 from trainpod.errors import Conflict, Forbidden, NotFound, SpecError, TrainpodError
 from trainpod.spec.job import JobSpec
 from trainpod.store.accounts import TokenRow, UserRow
+from trainpod.telemetry.exposition import CONTENT_TYPE, render
 from trainpod.telemetry.goodput import compute_goodput
 
 METRICS_PATH = "/metrics"
@@ -86,7 +87,7 @@ def create_app(
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
         """Prometheus' text format, read from the controller's state at this scrape."""
-        return Response(content=generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(content=render(registry.collect()), media_type=CONTENT_TYPE)
 
     @app.exception_handler(TrainpodError)
     async def trainpod_error(_: Request, exc: TrainpodError) -> JSONResponse:

@@ -3,9 +3,11 @@
 Nothing is counted on the hot paths. A scrape takes the controller's lock for a few bulk
 reads (nodes, job heads, the events appended since the last scrape, live jobs' events,
 energy per job), then builds the families after releasing it
-(:mod:`trainpod.telemetry.metrics`). What is kept between scrapes is what cannot change:
-each job's labels (fixed at submission), and the goodput of jobs that ended more than
-FROZEN_AFTER_S ago. Scrapes run one at a time (their own lock).
+(:mod:`trainpod.telemetry.metrics`). Kept between scrapes: each job's labels (fixed at
+submission), the goodput of jobs that ended more than FROZEN_AFTER_S ago (it no longer
+changes), and live jobs' goodput, of which one scrape recomputes at most
+LIVE_GOODPUT_PER_SCRAPE (new jobs first, then the longest unrefreshed): a bounded cost per
+scrape whatever the number of running jobs. Scrapes run one at a time (their own lock).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from trainpod.api.models import EventInfo, JobInfo
+from trainpod.api.models import EventInfo
 from trainpod.controller import progress
 from trainpod.controller.books import BeaconBook
 from trainpod.controller.config import ControllerConfig
@@ -36,6 +38,9 @@ from trainpod.telemetry.metrics import EnergySum, JobLive, Scrape, Sums, familie
 from trainpod.telemetry.tally import KINDS, UNKNOWN, EventTally, JobMeta
 
 TIERS = ("memory", "scratch", "peer", "durable")  # trainpod.ckpt's tiers
+LIVE_GOODPUT_PER_SCRAPE = 100
+"""Live jobs whose goodput one scrape recomputes (each is a read of its events and a walk
+of them): at 1,000 live jobs a job's figure is at most ten scrapes old."""
 _WAITING = (JobState.QUEUED, JobState.PREEMPTED)
 _LIVE = [s for s in JobState if not s.ended]
 
@@ -72,6 +77,8 @@ class ClusterMetrics(Collector):
         self._scrape_lock = threading.Lock()
         self._meta: dict[int, JobMeta] = {}
         self._done: dict[int, _Done] = {}
+        self._running: dict[int, tuple[float, _Done]] = {}
+        """Live jobs' goodput and when it was computed (refreshed a bounded few a scrape)."""
         self.tally = EventTally()
         self.tally.seed(
             [f.value for f in FaultKind],
@@ -103,23 +110,26 @@ class ClusterMetrics(Collector):
             passes = self.planner.passes
             attempts = {a.job_id: a.id for a in self.store.active_attempts()}
         self.tally.fold([recorded(r) for r in new_events], self.meta)
-        live_infos = self.views.jobs(include_ended=False)
+        live_ids = [j for j, state, _, _ in heads if not state.ended]
+        refresh = self._due(live_ids)
         ended = [
             j
             for j, state, _, ended_at in heads
             if state.ended and j not in self._done and ended_at is not None
         ]
         with self._lock:
-            events = events_of_jobs(self.store, [j.id for j in live_infos] + ended)
-        ended_infos = self.views.of_jobs(ended) if ended else []
+            events = events_of_jobs(self.store, refresh + ended)
         recent: list[tuple[int, _Done]] = []  # ended lately: may still change, not kept
-        for info in ended_infos:
+        for info in self.views.of_jobs(ended) if ended else []:
             done = _done(compute_goodput(info, _infos(events[info.id]), now))
             if info.ended_at is not None and now - info.ended_at > FROZEN_AFTER_S:
                 self._done[info.id] = done
             else:
                 recent.append((info.id, done))
-        live = [self._live(i, _infos(events[i.id]), now, energy, attempts) for i in live_infos]
+        for info in self.views.of_jobs(refresh) if refresh else []:
+            report = compute_goodput(info, _infos(events[info.id]), now)
+            self._running[info.id] = (now, _done(report))
+        live = [self._live(j, energy, attempts) for j in live_ids if j in self._running]
         teams: dict[str, Sums] = {}
         total = Sums()
         for job_id, d in [*self._done.items(), *recent]:
@@ -181,28 +191,34 @@ class ClusterMetrics(Collector):
             out[part] = (n + 1, max(oldest, now - job.submitted_at))
         return out
 
+    def _due(self, live_ids: list[int]) -> list[int]:
+        """The live jobs whose goodput this scrape computes: every one not computed yet, then
+        the longest-computed ones, LIVE_GOODPUT_PER_SCRAPE in all (forgets ended jobs)."""
+        live = set(live_ids)
+        for gone in set(self._running) - live:
+            del self._running[gone]
+        new = [j for j in live_ids if j not in self._running]
+        room = max(0, LIVE_GOODPUT_PER_SCRAPE - len(new))
+        known = sorted(self._running, key=lambda j: self._running[j][0])
+        return new + known[:room]
+
     def _live(
-        self,
-        info: JobInfo,
-        events: list[EventInfo],
-        now: float,
-        energy: dict[int, EnergyTotal],
-        attempts: dict[int, int],
+        self, job_id: int, energy: dict[int, EnergyTotal], attempts: dict[int, int]
     ) -> JobLive:
-        report = compute_goodput(info, events, now)
-        attempt = attempts.get(info.id)
+        _, done = self._running[job_id]
+        attempt = attempts.get(job_id)
         book = self.beacons.of(attempt) if attempt is not None else {}
         summary = progress.summarise(book)
         tokens = [b.metrics.get("tokens_total") for b, _ in book.values()]
         rank0 = book.get(0)
         loss = rank0[0].metrics.get("loss") if rank0 is not None else None
-        e = energy.get(info.id, EnergyTotal(0.0, False))
+        e = energy.get(job_id, EnergyTotal(0.0, False))
         return JobLive(
-            job_id=info.id,
-            team=self.meta(info.id).team,
-            wall_s=report.wall_s,
-            productive_s=report.buckets.get("productive", 0.0),
-            lost_s=report.lost_by_cause,
+            job_id=job_id,
+            team=self.meta(job_id).team,
+            wall_s=done.wall_s,
+            productive_s=done.productive_s,
+            lost_s=done.lost_s,
             step=summary.get("last_step"),
             step_time_s=summary.get("step_time_s"),
             tokens=sum(float(t) for t in tokens if isinstance(t, int | float)) if book else None,
