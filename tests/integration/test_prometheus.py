@@ -167,8 +167,15 @@ def test_prometheus_scrapes_the_cluster_and_every_dashboard_query_has_data(
     assert intensity * 3.6e6 == pytest.approx(FRA_G_PER_KWH)
     assert value(series(prom, "trainpod_scheduler_pass_seconds_count > 0")) >= 1
 
-    rules = [r for g in prom.api("rules")["groups"] for r in g["rules"]]
-    assert len(rules) == 7 and all(r["health"] == "ok" for r in rules), rules
+    def rules() -> list[dict[str, Any]]:
+        return [r for g in prom.api("rules")["groups"] for r in g["rules"]]
+
+    evaluated = wait_until(
+        lambda: all(r["health"] == "ok" for r in rules()) and rules(),
+        timeout_s=30,
+        what="every alert rule evaluated without error",
+    )
+    assert len(evaluated) == 7, evaluated
 
     empty = []
     for board, title, expr in dashboard_exprs():
