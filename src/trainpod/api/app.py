@@ -84,7 +84,7 @@ def create_app(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(controller.metrics)
 
-    @app.get("/metrics", include_in_schema=False)
+    @app.get(METRICS_PATH, include_in_schema=False)
     def metrics() -> Response:
         """Prometheus' text format, read from the controller's state at this scrape."""
         return Response(content=render(registry.collect()), media_type=CONTENT_TYPE)
