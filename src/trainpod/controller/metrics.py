@@ -32,7 +32,7 @@ from trainpod.model.states import JobState
 from trainpod.store.energy import IDLE_JOB, Energy, EnergyTotal
 from trainpod.store.repo import Store
 from trainpod.store.rows import EventRow, JobRow
-from trainpod.store.scan import events_of_jobs, events_since
+from trainpod.store.scan import events_of_jobs, events_since, node_states
 from trainpod.telemetry.goodput import GoodputReport, compute_goodput
 from trainpod.telemetry.metrics import EnergySum, JobLive, Scrape, Sums, families
 from trainpod.telemetry.tally import KINDS, UNKNOWN, EventTally, JobMeta
@@ -76,7 +76,10 @@ class ClusterMetrics(Collector):
         self._now = now
         self._scrape_lock = threading.Lock()
         self._meta: dict[int, JobMeta] = {}
-        self._done: dict[int, _Done] = {}
+        self._counted: set[int] = set()
+        """Ended jobs whose goodput is in the sums below (it no longer changes)."""
+        self._ended_teams: dict[str, Sums] = {}
+        self._ended_total = Sums()
         self._running: dict[int, tuple[float, _Done]] = {}
         """Live jobs' goodput and when it was computed (refreshed a bounded few a scrape)."""
         self.tally = EventTally()
@@ -97,7 +100,7 @@ class ClusterMetrics(Collector):
     def scrape(self) -> Scrape:
         now = self._now()
         with self._lock:
-            nodes = self.store.nodes()
+            nodes = node_states(self.store)
             heads = self.store.job_heads()
             self._learn(self.store.jobs_by_id([j for j, *_ in heads if j not in self._meta]))
             waiting = self.store.jobs(list(_WAITING))
@@ -115,7 +118,7 @@ class ClusterMetrics(Collector):
         ended = [
             j
             for j, state, _, ended_at in heads
-            if state.ended and j not in self._done and ended_at is not None
+            if state.ended and j not in self._counted and ended_at is not None
         ]
         with self._lock:
             events = events_of_jobs(self.store, refresh + ended)
@@ -123,16 +126,17 @@ class ClusterMetrics(Collector):
         for info in self.views.of_jobs(ended) if ended else []:
             done = _done(compute_goodput(info, _infos(events[info.id]), now))
             if info.ended_at is not None and now - info.ended_at > FROZEN_AFTER_S:
-                self._done[info.id] = done
+                self._counted.add(info.id)
+                self._add(self._ended_teams, self._ended_total, self.meta(info.id).team, done)
             else:
                 recent.append((info.id, done))
         for info in self.views.of_jobs(refresh) if refresh else []:
             report = compute_goodput(info, _infos(events[info.id]), now)
             self._running[info.id] = (now, _done(report))
         live = [self._live(j, energy, attempts) for j in live_ids if j in self._running]
-        teams: dict[str, Sums] = {}
-        total = Sums()
-        for job_id, d in [*self._done.items(), *recent]:
+        teams = {team: sums.copy() for team, sums in self._ended_teams.items()}
+        total = self._ended_total.copy()
+        for job_id, d in recent:
             self._add(teams, total, self.meta(job_id).team, d)
         for j in live:
             self._add(teams, total, j.team, _Done(j.wall_s, j.productive_s, j.lost_s))
@@ -142,7 +146,7 @@ class ClusterMetrics(Collector):
             backend=self.cfg.backend,
             g_per_kwh=self.cfg.carbon.g_per_kwh,
             carbon_source=self.cfg.carbon.source,
-            nodes=[(n.name, n.group, n.state) for n in nodes],
+            nodes=nodes,
             jobs=self._job_counts(heads),
             queue=self._queue(waiting, now),
             live=live,

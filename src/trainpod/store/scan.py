@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from trainpod.model.states import NodeState
 from trainpod.store.repo import Store
 from trainpod.store.rows import EventRow
 
@@ -17,9 +18,10 @@ def events_since(store: Store, after: int, kinds: Sequence[str]) -> list[EventRo
     return [EventRow.from_sql(r) for r in store.connection.execute(sql, [after, *kinds])]
 
 
-def last_event_id(store: Store) -> int:
-    row = store.connection.execute("SELECT MAX(id) FROM events").fetchone()
-    return int(row[0] or 0)
+def node_states(store: Store) -> list[tuple[str, str, NodeState]]:
+    """(name, group, state) of every node, by name, without reading their facts."""
+    rows = store.connection.execute("SELECT name, grp, state FROM nodes ORDER BY name")
+    return [(str(n), str(g), NodeState(s)) for n, g, s in rows]
 
 
 def events_of_jobs(store: Store, job_ids: Sequence[int]) -> dict[int, list[EventRow]]:

@@ -58,6 +58,9 @@ class Sums:
         for cause, s in lost_s.items():
             self.lost_s[cause] = self.lost_s.get(cause, 0.0) + s
 
+    def copy(self) -> Sums:
+        return Sums(self.wall_s, self.productive_s, dict(self.lost_s))
+
     @property
     def ratio(self) -> float:
         return self.productive_s / self.wall_s if self.wall_s > 0 else 0.0
