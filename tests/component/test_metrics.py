@@ -18,6 +18,7 @@ from prometheus_client.samples import Sample
 from trainpod.agent.devices import DeviceTelemetry, SimulatedReader
 from trainpod.api.app import create_app
 from trainpod.api.models import ClusterInfo
+from trainpod.controller.access import operator
 from trainpod.telemetry.exposition import render
 from trainpod.telemetry.metrics import families
 
@@ -152,6 +153,9 @@ class _Fixed(Collector):
 
 
 def test_who_may_scrape(cluster: HealingCluster, client: TestClient) -> None:
+    admin = operator(cluster.cfg.operator)
+    *_, bob = cluster.controller.access.add_user(admin, "bob", team=None, role="user", teams=set())
+    assert client.get("/metrics", headers={"Authorization": f"Bearer {bob}"}).status_code == 200
     assert client.get("/metrics", headers=ADMIN).status_code == 200
     assert client.get("/metrics").status_code == 401
     r = client.get("/v1/jobs", headers=SCRAPE)
