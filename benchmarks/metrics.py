@@ -11,9 +11,10 @@ running with progress beacons (loss, tokens).
 It then times the scrape as ``GET /metrics`` serves it (the controller's collector and the
 text exposition, ``trainpod.telemetry.exposition.render``): the first scrape (which folds the
 whole event log and computes every ended job's goodput once), then ``--runs`` scrapes
-(default 7) with ``--beats`` agents (default 50) beating between them, reporting the median with the min/max
-spread, the body's size and its series count, and the 1-minute load average (the box is
-shared). Target: a scrape under 1 s.
+(default 7) with ``--beats`` agents (default 50) beating between them, reporting the median
+with the min/max spread, the body's size and its series count, and the 1-minute load average
+(the box is shared). Target: a scrape under 1 s. Building the history takes most of the run
+(about 15 minutes at the defaults on a 2-core box).
 
 Run it from the repository root, under the shared benchmark lock::
 
