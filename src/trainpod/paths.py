@@ -55,6 +55,11 @@ class ClusterPaths:
         return self.state_dir / "agent.token"
 
     @property
+    def scrape_token(self) -> Path:
+        """Prometheus' read-only token: ``/metrics`` only (made by the controller)."""
+        return self.state_dir / "scrape.token"
+
+    @property
     def logs(self) -> Path:
         return self.state_dir / "logs"
 

@@ -14,6 +14,7 @@ from typing import Any
 import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py ships no type hints
 import pytest
 
+from trainpod.agent.devices import DeviceTelemetry, NvmlReader
 from trainpod.agent.health import GpuCheck, GpuUnavailable, NvmlSource, Status
 
 
@@ -41,6 +42,7 @@ class Gpu:
     throttle: int = 0
     ecc: int = 0
     remap: tuple[int, int, int, int] = (0, 0, 0, 0)
+    energy_mj: int = 5_000_000  # nvmlDeviceGetTotalEnergyConsumption: mJ since driver load
     error: int | None = None  # every call on this GPU raises this NVML error code
     not_supported: set[str] = field(default_factory=set)
 
@@ -143,6 +145,9 @@ class FakeNvml:
         util.gpu, util.memory = 97, 40
         return util
 
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: Any) -> int:
+        return self._gpu(h, "nvmlDeviceGetTotalEnergyConsumption").energy_mj
+
     def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
         self._gpu(h, "nvmlDeviceGetMemoryInfo")
         mem = pynvml.c_nvmlMemory_t()
@@ -216,3 +221,24 @@ def test_xids_from_events_and_kernel_log_are_merged(tmp_path: Path) -> None:
             f.write("4,4,4,-;NVRM: Xid (PCI:0000:99:00): 79, a GPU that is not ours\n")
         assert src.new_xids() == [(1, 79), (0, 13)]
         assert src.new_xids() == []
+
+
+def test_device_telemetry_uses_the_energy_counter_or_integrates_power() -> None:
+    nvml = FakeNvml([Gpu("00000000:3B:00.0"), Gpu("00000000:5D:00.0")])
+    nvml.gpus[1].not_supported.add("nvmlDeviceGetTotalEnergyConsumption")  # pre-Volta
+    now = [100.0]
+    with source(nvml) as src:
+        tel = DeviceTelemetry(NvmlReader(src), clock=lambda: now[0])
+        first = tel.samples(busy=set())
+        nvml.gpus[0].energy_mj += 612_345 * 10  # 10 s at 612.345 W
+        nvml.events.append(Event(nvml.handles[1], pynvml.nvmlEventTypeXidCriticalError, 79))
+        now[0] += 10.0
+        a, b = tel.samples(busy=set())
+    assert [s.simulated for s in first] == [False, False]
+    assert (first[0].energy_source, first[0].energy_j) == ("nvml", 5000.0)
+    assert a.energy_j == pytest.approx(5000.0 + 6123.45)
+    assert (b.energy_source, first[1].energy_j) == ("integrated", 0.0)
+    assert b.energy_j == pytest.approx(6123.45)  # power x time
+    assert (a.xid_count, b.xid_count) == (0, 1)
+    assert a.utilization_pct == 97.0 and a.power_w == pytest.approx(612.345)
+    assert a.memory_total_bytes == 141 * 2**30 and a.name == "NVIDIA H200"

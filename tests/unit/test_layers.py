@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
         "trainpod.scheduler",
         "trainpod.procutil",
         "trainpod.notice",
+        "trainpod.api.devices",
     },
     {"trainpod.paths"},
     {"trainpod.spec"},

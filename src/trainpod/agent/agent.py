@@ -19,12 +19,14 @@ from typing import Any
 
 from trainpod.agent.beacons import BeaconBook, rank_beacon
 from trainpod.agent.chaos import ChaosExecutor
+from trainpod.agent.devices import DeviceTelemetry
 from trainpod.agent.launcher import Launcher, Notice
 from trainpod.agent.lifecycle import LifecycleRunner
 from trainpod.agent.monitor import DeepChecker, HealthMonitor
 from trainpod.agent.persisters import CheckpointHub
 from trainpod.agent.slurmnotice import SlurmNoticeWatch
 from trainpod.agent.tensorboard import TensorBoardTap
+from trainpod.api.devices import DeviceSample
 from trainpod.api.models import AttemptReport, Heartbeat, Orders
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import ControllerUnavailable, TrainpodError
@@ -55,6 +57,7 @@ class Agent:
         checkpoints: CheckpointHub | None = None,
         slurm_notice: SlurmNoticeWatch | None = None,
         tensorboard: TensorBoardTap | None = None,
+        telemetry: DeviceTelemetry | None = None,
     ) -> None:
         """``facts`` is a zero-argument callable returning the node's current facts.
 
@@ -84,6 +87,7 @@ class Agent:
         self._allocation = dict(allocation or {})
         self._slurm_notice = slurm_notice  # Slurm's preemption notice (the batch trap's file)
         self._tensorboard = tensorboard  # rank 0's beacons -> the job's TensorBoard scalars
+        self._telemetry = telemetry  # per-device readings (NVML, or simulated) for each beat
         self.exit_code = 0
 
     def notify(self) -> None:
@@ -113,6 +117,7 @@ class Agent:
             checkpoints=ckpts,
             checkpoint_uploads=hub.uploads() if hub is not None else [],
             preempted_at=self._slurm_notice.preempted_at if self._slurm_notice else None,
+            telemetry=self._device_samples(reports),
             **self._allocation,
         )
         try:
@@ -136,6 +141,12 @@ class Agent:
                     self._tensorboard.forget(gone)
         self._apply(orders)
         return orders
+
+    def _device_samples(self, reports: list[AttemptReport]) -> list[DeviceSample]:
+        if self._telemetry is None:
+            return []
+        busy = {r.local_rank for a in reports for r in a.ranks if r.state == "running"}
+        return self._telemetry.samples(busy)
 
     def _with_beacons(self, report: AttemptReport) -> AttemptReport:
         if self._beacons is None:

@@ -17,6 +17,7 @@ from trainpod.agent.agent import Agent
 from trainpod.agent.beacons import BeaconServer
 from trainpod.agent.chaos import ChaosExecutor
 from trainpod.agent.checks import build_checks
+from trainpod.agent.devices import DeviceTelemetry, device_reader
 from trainpod.agent.facts import device_facts, node_facts
 from trainpod.agent.jobsockets import AccountSockets
 from trainpod.agent.launcher import Launcher, Notice, ignore_notice_signal
@@ -172,6 +173,9 @@ def main(argv: list[str] | None = None) -> None:
             teardown_grace_s=spec.recovery.teardown_grace_s,
             on_notice=on_change,
         )
+    # Device telemetry for every heartbeat: NVML on GPUs, SIMULATED figures on CPU slots.
+    reader = device_reader(group.devices_per_node, gpus, gpu_state)
+    telemetry = DeviceTelemetry(reader) if reader is not None else None
     monitor = HealthMonitor(checks, interval_s=spec.health.check_interval_s, on_change=on_change)
     agent = Agent(
         node=args.node,
@@ -197,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         checkpoints=hub,
         slurm_notice=slurm_notice,
         tensorboard=tensorboard,
+        telemetry=telemetry,
     )
 
     def stop(signum: int, _frame: FrameType | None) -> None:

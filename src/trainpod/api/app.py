@@ -10,8 +10,10 @@ from typing import Annotated, Any
 import anyio.to_thread
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from trainpod.api.devices import DeviceTelemetry, EnergySummary, JobEnergy
 from trainpod.api.models import (
     AllocationLease,
     ChaosOrder,
@@ -45,8 +47,12 @@ from trainpod.dashboard import mount as mount_dashboard
 from trainpod.errors import Conflict, Forbidden, NotFound, SpecError, TrainpodError
 from trainpod.spec.job import JobSpec
 from trainpod.store.accounts import TokenRow, UserRow
+from trainpod.telemetry.exposition import CONTENT_TYPE, render
 from trainpod.telemetry.goodput import compute_goodput
 
+METRICS_PATH = "/metrics"
+SCRAPER = Principal("prometheus", "user")
+"""The holder of the read-only scrape token (``scrape.token``): ``/metrics`` only."""
 _STATUS = {SpecError: 400, Forbidden: 403, NotFound: 404, Conflict: 409}
 
 
@@ -56,7 +62,9 @@ def create_app(
     admin_token: str,
     agent_token: str,
     info: Callable[[], ClusterInfo],
+    scrape_token: str = "",
 ) -> FastAPI:
+    """``scrape_token``: a read-only token that opens ``/metrics`` only (empty: none)."""
     app = FastAPI(
         title="trainpod controller",
         version="1",
@@ -71,8 +79,15 @@ def create_app(
         operator=operator(controller.cfg.operator),
         users=controller.access.principal,
     )
-    app.add_middleware(BearerAuth, tokens=tokens)
+    app.add_middleware(BearerAuth, tokens=tokens, scrape_token=scrape_token)
     mount_dashboard(app, controller, resolve=tokens.principal)  # /ui: the web dashboard
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(controller.metrics)
+
+    @app.get(METRICS_PATH, include_in_schema=False)
+    def metrics() -> Response:
+        """Prometheus' text format, read from the controller's state at this scrape."""
+        return Response(content=render(registry.collect()), media_type=CONTENT_TYPE)
 
     @app.exception_handler(TrainpodError)
     async def trainpod_error(_: Request, exc: TrainpodError) -> JSONResponse:
@@ -86,6 +101,11 @@ def create_app(
     @app.get("/v1/nodes", response_model=list[NodeInfo])
     def nodes() -> list[NodeInfo]:
         return controller.node_infos()
+
+    @app.get("/v1/nodes/{name}/telemetry", response_model=list[DeviceTelemetry])
+    def node_telemetry(name: str) -> list[DeviceTelemetry]:
+        """The node's devices with their last samples (about two minutes), oldest first."""
+        return controller.node_telemetry(name)
 
     @app.post("/v1/nodes/{name}/actions", response_model=NodeInfo)
     def node_action(name: str, action: NodeAction, who: Caller) -> NodeInfo:
@@ -103,6 +123,16 @@ def create_app(
         job = controller.job_info(job_id)
         events = controller.event_infos(job_id=job_id)
         return compute_goodput(job, events, time.time()).to_dict()
+
+    @app.get("/v1/jobs/{job_id}/energy", response_model=JobEnergy)
+    def job_energy(job_id: int) -> JobEnergy:
+        """The job's energy per attempt and node, in kWh and kg CO2e."""
+        return controller.energy.job(job_id)
+
+    @app.get("/v1/energy", response_model=EnergySummary)
+    def energy() -> EnergySummary:
+        """Energy and CO2e per team, user and the whole cluster."""
+        return controller.energy.summary()
 
     @app.post("/v1/jobs", response_model=JobInfo, status_code=201)
     def submit(spec: JobSpec, who: Caller) -> JobInfo:
@@ -282,9 +312,10 @@ class BearerAuth:
     A plain ASGI middleware: Starlette's ``@app.middleware("http")`` wraps every request and
     response in extra streams and tasks, a cost paid by every heartbeat of every agent."""
 
-    def __init__(self, app: ASGIApp, *, tokens: Tokens) -> None:
+    def __init__(self, app: ASGIApp, *, tokens: Tokens, scrape_token: str = "") -> None:
         self.app = app
         self._tokens = tokens
+        self._scrape = scrape_token.encode()  # opens /metrics only; never the dashboard
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -297,14 +328,19 @@ class BearerAuth:
         ui = is_ui(path)
         if not token and (ui or (scope["method"] in ("GET", "HEAD") and not agent_api)):
             token = cookie_token(scope["headers"])
-        who = self._tokens.principal(token)
+        scraper = bool(self._scrape) and bool(token) and secrets.compare_digest(token, self._scrape)
+        who = SCRAPER if scraper else self._tokens.principal(token)
         if ui and who is None:
             if public_path(path):
                 await self.app(scope, receive, send)
             else:
                 await login_redirect(scope, receive, send)
             return
-        if who is not None and (who.is_admin or (who.role == "agent") == agent_api):
+        if who is SCRAPER:
+            allowed = path == METRICS_PATH
+        else:
+            allowed = who is not None and (who.is_admin or (who.role == "agent") == agent_api)
+        if who is not None and allowed:
             scope.setdefault("state", {})["principal"] = who
             await self.app(scope, receive, send)
             return
@@ -317,6 +353,9 @@ class BearerAuth:
         elif who.role == "agent":
             status, error = 403, "Forbidden"
             message = "the agents' token reaches only the agent API (/v1/agent/)"
+        elif who is SCRAPER:
+            status, error = 403, "Forbidden"
+            message = f"the scrape token (scrape.token) reaches only {METRICS_PATH}"
         else:
             status, error = 403, "Forbidden"
             message = f"{who.name} may not call the agent API: only node agents may"

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainpod.api.devices import DeviceSample
 from trainpod.model.states import AttemptState, JobState, NodeState, RankState
 from trainpod.spec.job import JobSpec
 
@@ -155,6 +156,9 @@ class Heartbeat(_Model):
     )
     group: str | None = Field(default=None, description="the node's group (Slurm nodes)")
     devices: int | None = Field(default=None, description="the node's devices (Slurm nodes)")
+    telemetry: list[DeviceSample] = Field(
+        default_factory=list, description="device telemetry (api/devices.py); read by intake"
+    )
 
 
 class RankSlot(_Model):

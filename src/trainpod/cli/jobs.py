@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from trainpod.api.devices import JobEnergy
 from trainpod.api.models import AttemptInfo, EventInfo, JobInfo
 from trainpod.backends.local import python_first_path
 from trainpod.cli.context import client_for
@@ -142,10 +143,21 @@ def show(
     """Show a job, its attempts and ranks."""
     with client_for(cluster) as client:
         job = client.job(job_id)
+        energy = client.energy(job_id)
     if as_json:
         console.print_json(job.model_dump_json())
         return
     print_job(job)
+    console.print(f"  energy     {energy_line(energy)}")
+
+
+def energy_line(e: JobEnergy) -> str:
+    """kWh and kg CO2e, labelled SIMULATED where simulated devices measured them."""
+    sim = " (SIMULATED devices)" if e.simulated else ""
+    return (
+        f"{e.kwh:.4f} kWh, {e.co2e_kg:.4f} kg CO2e{sim} at {e.g_per_kwh:g} g/kWh "
+        f"({e.intensity_source})"
+    )
 
 
 def print_job(job: JobInfo) -> None:

@@ -13,6 +13,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from trainpod.api import models as wire
+from trainpod.api.devices import JobEnergy
 from trainpod.errors import (
     Conflict,
     ControllerUnavailable,
@@ -33,6 +34,7 @@ _NODE = TypeAdapter(wire.NodeInfo)
 _CHAOS = TypeAdapter(wire.ChaosOrder)
 _DOC = TypeAdapter(dict[str, Any])
 _ANY: TypeAdapter[Any] = TypeAdapter(Any)
+_ENERGY = TypeAdapter(JobEnergy)
 _JOB = TypeAdapter(wire.JobInfo)
 _JOBS = TypeAdapter(list[wire.JobInfo])
 _PLAN = TypeAdapter(wire.LaunchPlan)
@@ -133,6 +135,9 @@ class TrainpodClient:
 
     def chaos(self, req: wire.ChaosRequest) -> wire.ChaosOrder:
         return self._call("POST", "/v1/chaos", _CHAOS, body=req)
+
+    def energy(self, job_id: int) -> JobEnergy:
+        return self._call("GET", f"/v1/jobs/{job_id}/energy", _ENERGY)
 
     def goodput(self, job_id: int) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}/goodput", _DOC)

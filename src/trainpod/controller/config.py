@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainpod.scheduler.policy import DEFAULT_MIN_RUN_S
+from trainpod.spec.carbon import Intensity, world_average
 from trainpod.spec.sharing import PriorityClassSpec, TeamSpec, UserSpec
 
 
@@ -61,6 +62,8 @@ class ControllerConfig:
     fair_share_half_life_s: float = 7 * 86400.0
     operator: str = "admin"
     """The name the cluster's admin token acts as (the cluster's creator)."""
+    carbon: Intensity = field(default_factory=world_average)
+    """The grid's carbon intensity (the spec's ``carbon:``; default: the world average)."""
 
     def priority_class(self, name: str) -> PriorityClassSpec | None:
         return next((c for c in self.priority_classes if c.name == name), None)

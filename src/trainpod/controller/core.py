@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from trainpod.api.devices import DeviceTelemetry
 from trainpod.api.models import (
     AllocationLease,
     ChaosOrder,
@@ -52,10 +53,12 @@ from trainpod.controller.allocations import Allocations
 from trainpod.controller.books import BeaconBook, ChaosBook
 from trainpod.controller.checkpoints import CheckpointEvents
 from trainpod.controller.config import ControllerConfig
+from trainpod.controller.energy import EnergyViews
 from trainpod.controller.executor import Executor
 from trainpod.controller.external import Scheduling
 from trainpod.controller.history import ProgressPoint
 from trainpod.controller.intake import HeartbeatIngest
+from trainpod.controller.metrics import ClusterMetrics
 from trainpod.controller.operators import Operators
 from trainpod.controller.ops import Observed
 from trainpod.controller.orders import OrderDesk
@@ -63,6 +66,7 @@ from trainpod.controller.planning import Planner
 from trainpod.controller.policy import FaultKind
 from trainpod.controller.ports import PortAllocator, free_port
 from trainpod.controller.repair import NodeRepair, Replacer
+from trainpod.controller.telemetry import TelemetryBook
 from trainpod.controller.transitions import Transitions
 from trainpod.controller.views import Views
 from trainpod.controller.wake import Wake
@@ -115,6 +119,7 @@ class Controller:
         self.beacons = BeaconBook()
         self.chaos_book = ChaosBook()
         self.checkpoints = CheckpointEvents()
+        self.telemetry = TelemetryBook(store)
         self.executor = Executor(store, config, self.tx, self.scheduling, self.beacons)
         self.repair = NodeRepair(store, config, self.tx, self.scheduling, replacer)
         self.intake = HeartbeatIngest(
@@ -127,6 +132,7 @@ class Controller:
             self.beacons,
             self.chaos_book,
             self.checkpoints,
+            self.telemetry,
         )
         self.watchdog = Watchdog(
             store, config, self.tx, self.scheduling, self.executor, self.beacons
@@ -152,6 +158,17 @@ class Controller:
         self.admission = Admission(config, self.tx, self.scheduling)
         self.access = Access(store, self.clock, self._lock)
         self.planner = Planner(store, config, self.tx, self.scheduling, self.executor)
+        self.energy = EnergyViews(store, config, self.tx, self._lock, self.telemetry)
+        self.metrics = ClusterMetrics(
+            store,
+            config,
+            self._lock,
+            self.views,
+            self.beacons,
+            self.telemetry,
+            self.planner,
+            self.clock.now,
+        )
         self.operators = Operators(store, self.tx, self.scheduling, self.executor, self.repair)
         self.allocations = Allocations(
             store, config, self.tx, ports, leases=self.scheduling.leases_allocations
@@ -426,6 +443,7 @@ class Controller:
             for job_id in self.allocations.expired(now):
                 self.cancel(job_id)
             self._schedule(now)
+            self.telemetry.flush(now)
 
     def _schedule(self, now: float) -> None:
         snapshot = self.planner.run(now)
@@ -434,6 +452,8 @@ class Controller:
             live = set(self.store.job_ids(_LIVE_JOB_STATES))
             self.checkpoints.keep_only(live)
             self.beacons.history.keep_only(live)
+            gone = (NodeState.STOPPED, NodeState.RETIRED)
+            self.telemetry.keep_only({n.name for n in self.store.nodes() if n.state not in gone})
 
     # -- operators and the external scheduler ---------------------------------------------
     def node_action(self, name: str, action: NodeAction) -> NodeRow:
@@ -475,6 +495,11 @@ class Controller:
         except Exception:  # the store itself may be what fails; the log has the error
             log.exception("could not record the reconcile step's failure")
 
+    def flush_energy(self) -> None:
+        """Write the energy not yet in the store (a controller that stops on purpose)."""
+        with self._lock, self.store.transaction():
+            self.telemetry.flush(self.clock.now(), force=True)
+
     def prune_events(self) -> int:
         """Apply the event log's retention; returns how many events went."""
         with self._lock:
@@ -483,6 +508,12 @@ class Controller:
     # -- queries --------------------------------------------------------------------------
     def node_infos(self) -> list[NodeInfo]:
         return self.views.nodes()
+
+    def node_telemetry(self, name: str) -> list[DeviceTelemetry]:
+        """The node's devices and their recent samples (NotFound for an unknown node)."""
+        with self._lock:
+            self.tx.node(name)
+            return self.telemetry.of(name)
 
     def job_info(self, job_id: int, viewer: Principal | None = None) -> JobInfo:
         """The job as ``viewer`` may see it: its env values only for its owner and admins

@@ -24,7 +24,7 @@ from trainpod.controller.core import Controller
 from trainpod.controller.external import Scheduling
 from trainpod.controller.ops import ClusterOps
 from trainpod.controller.tensorboard import GoodputFollower
-from trainpod.paths import ClusterPaths, ClusterRecord, read_secret
+from trainpod.paths import ClusterPaths, ClusterRecord, read_secret, write_secret
 from trainpod.spec.loading import load_recorded_spec
 from trainpod.spec.sharing import quota_nodes
 from trainpod.store.repo import Store
@@ -72,6 +72,7 @@ def config_from_record(record: ClusterRecord, paths: ClusterPaths) -> Controller
         users=spec.users,
         fair_share_half_life_s=spec.fair_share.half_life_s,
         operator=_owner_of(paths.admin_token),
+        carbon=spec.carbon_intensity(),
     )
 
 
@@ -81,6 +82,13 @@ def _owner_of(path: Path) -> str:
         return pwd.getpwuid(path.stat().st_uid).pw_name
     except (KeyError, OSError):
         return "admin"
+
+
+def _scrape_token(paths: ClusterPaths) -> str:
+    """Prometheus' token for /metrics, made on the first start (also for older clusters)."""
+    if not paths.scrape_token.exists():
+        return write_secret(paths.scrape_token)
+    return read_secret(paths.scrape_token)
 
 
 STEP_BACKOFF_MAX_S = 30.0
@@ -199,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         admin_token=read_secret(paths.admin_token),
         agent_token=read_secret(paths.agent_token),
         info=info,
+        scrape_token=_scrape_token(paths),
     )
     stop = threading.Event()
     loop = threading.Thread(target=run_reconciler, args=(controller, stop, health), daemon=True)
@@ -221,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         stop.set()
         controller.wakeup.set()
+        controller.flush_energy()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from trainpod.controller.external import Scheduling
 from trainpod.controller.nodes import node_state_after_heartbeat
 from trainpod.controller.policy import FaultKind
 from trainpod.controller.repair import NodeRepair
+from trainpod.controller.telemetry import Holder, TelemetryBook
 from trainpod.controller.transitions import Transitions
 from trainpod.errors import NotFound
 from trainpod.model.events import (
@@ -48,6 +49,7 @@ class HeartbeatIngest:
     beacons: BeaconBook
     chaos: ChaosBook
     checkpoints: CheckpointEvents
+    telemetry: TelemetryBook
     agents_seen: dict[str, str] = field(
         default_factory=dict, init=False
     )  # node -> agent id heard from since start
@@ -61,6 +63,7 @@ class HeartbeatIngest:
         self._preempted_externally(node, hb, now)
         self._node_state(node, hb, now)
         self._beacons(hb, now)
+        self._telemetry(node, hb, now)
         self.checkpoints.record(self.store, hb, now)
         touched = self._rank_reports(node.name, hb.attempts, now)
         if new_agent:
@@ -133,6 +136,20 @@ class HeartbeatIngest:
         target, reason = node_state_after_heartbeat(node, hb)
         if target is not None and target != node.state:
             self.tx.set_node(node, target, now, reason=reason)
+
+    def _telemetry(self, node: NodeRow, hb: Heartbeat, now: float) -> None:
+        """The one place the heartbeat's device telemetry is read: into the node's rings,
+        its energy to the attempt of the job holding the node (or to idle)."""
+        if hb.leaving:
+            self.telemetry.forget(node.name)
+            return
+        if not hb.telemetry:
+            return
+        holder = Holder()
+        if node.job_id is not None:
+            attempt = self.tx.active_attempt(node.job_id)
+            holder = Holder(node.job_id, attempt.number if attempt is not None else 0)
+        self.telemetry.record(node.name, hb.telemetry, holder, now)
 
     def _beacons(self, hb: Heartbeat, now: float) -> None:
         for rep in hb.attempts:

@@ -7,6 +7,7 @@ asked for (:meth:`~trainpod.scheduler.base.Scheduler.wake_at`) has come.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from trainpod.controller.config import ControllerConfig
@@ -17,6 +18,7 @@ from trainpod.controller.transitions import Transitions
 from trainpod.model.states import AttemptState, JobState
 from trainpod.scheduler.base import QueuedJob, RunningJob, Snapshot
 from trainpod.store.repo import Store
+from trainpod.telemetry.tally import PASS_BUCKETS, Histogram
 
 
 @dataclass
@@ -31,6 +33,8 @@ class Planner:
     _usage_book: UsageBook = field(init=False)
     _planned_at: tuple[int, float | None] = field(default=(-1, None), init=False)
     """(version, wake_at) of the last pass."""
+    passes: Histogram = field(default_factory=lambda: Histogram(PASS_BUCKETS), init=False)
+    """How long passes took (real time; for ``/metrics``)."""
 
     def __post_init__(self) -> None:
         self._shapes = Shapes(self.cfg, self.tx)
@@ -44,11 +48,13 @@ class Planner:
         """One pass if one is due; the snapshot it planned over (None: none was due)."""
         if not self.due(now):
             return None
+        began = time.perf_counter()
         snapshot = self.snapshot(now)
         scheduler = self.scheduling.scheduler
         if self.executor.schedule(scheduler.plan(snapshot), now):
             self.tx.wake.bump()
         self._planned_at = (self.tx.wake.version, scheduler.wake_at(snapshot))
+        self.passes.observe(time.perf_counter() - began)
         return snapshot
 
     def snapshot(self, now: float) -> Snapshot:

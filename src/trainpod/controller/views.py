@@ -102,6 +102,12 @@ class Views:
                 del self._frozen[job_id]
         return b"[" + b",".join(parts) + b"]"
 
+    def of_jobs(self, job_ids: list[int]) -> list[JobInfo]:
+        """The jobs with these ids (unknown ids are left out), in id order."""
+        with self._lock:
+            rows = self._read(self.store.jobs_by_id(job_ids))
+        return _build(rows)
+
     def jobs(self, include_ended: bool = True, limit: int | None = None) -> list[JobInfo]:
         states = None if include_ended else [s for s in JobState if not s.ended]
         with self._lock:

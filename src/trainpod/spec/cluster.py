@@ -31,6 +31,8 @@ from pydantic import (
     model_validator,
 )
 
+from trainpod.spec import carbon
+from trainpod.spec.carbon import Intensity, world_average
 from trainpod.spec.preemption import PreemptionPolicy
 from trainpod.spec.sharing import (
     FairShareSpec,
@@ -336,6 +338,42 @@ class RecoveryPolicy(_Model):
     """Seconds the deep health check (burn-in) of a node may take."""
 
 
+class CarbonSpec(_Model):
+    """The grid's carbon intensity, for CO2e = energy x intensity (spec/carbon.py)."""
+
+    country: StrictStr | None = None
+    """ISO 3166-1 alpha-3 code (``FRA``): codecarbon's per-country table."""
+    region: StrictStr | None = None
+    """A cloud region, ``provider:region`` (``gcp:europe-west9``): codecarbon's cloud table."""
+    g_per_kwh: Annotated[Amount, Field(ge=0)] | None = None
+    """A figure of your own, in grams of CO2e per kWh."""
+
+    @model_validator(mode="after")
+    def _one_known_source(self) -> CarbonSpec:
+        given = [k for k in ("country", "region", "g_per_kwh") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise _problem(
+                f"give exactly one of country, region, g_per_kwh (got {len(given)})",
+                NOTHING if not given else {k: getattr(self, k) for k in given},
+                'write e.g. carbon: {country: FRA}, {region: "gcp:europe-west9"} or '
+                "{g_per_kwh: 56}",
+            )
+        try:
+            self.intensity()
+        except carbon.UnknownArea as exc:
+            key = given[0]
+            raise _problem(str(exc), getattr(self, key), "use a code from the table", key) from exc
+        return self
+
+    def intensity(self) -> Intensity:
+        if self.country is not None:
+            return carbon.for_country(self.country)
+        if self.region is not None:
+            return carbon.for_region(self.region)
+        assert self.g_per_kwh is not None
+        return Intensity(float(self.g_per_kwh), "the cluster spec (carbon.g_per_kwh)")
+
+
 class ClusterSpec(_Model):
     """A whole cluster: its node groups, storage, partitions and health/recovery policy."""
 
@@ -366,6 +404,11 @@ class ClusterSpec(_Model):
     """Users who get tokens (``trainpod users add``), their team and role."""
     fair_share: FairShareSpec = FairShareSpec()
     """How fast past usage stops counting against a team."""
+    carbon: CarbonSpec | None = None
+    """The grid's carbon intensity (country, cloud region or g/kWh); none: world average."""
+
+    def carbon_intensity(self) -> Intensity:
+        return self.carbon.intensity() if self.carbon is not None else world_average()
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> ClusterSpec:

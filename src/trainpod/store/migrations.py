@@ -143,4 +143,18 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE jobs ADD COLUMN held_by TEXT NOT NULL DEFAULT '';
     """,
+    # 7: energy used per job attempt and node (device energy-counter deltas, joules),
+    # accumulated by the controller and written every few seconds (store/energy.py). Job 0:
+    # devices no job held. ``simulated``: the figures come from simulated devices.
+    """
+    CREATE TABLE energy (
+        job_id INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,
+        node TEXT NOT NULL,
+        joules REAL NOT NULL,
+        simulated INTEGER NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (job_id, attempt, node)
+    );
+    """,
 ]

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainpod.agent.beacons import BeaconBook, rank_beacon
+from trainpod.agent.devices import DeviceTelemetry
 from trainpod.agent.launcher import AgentRank
+from trainpod.api.devices import DeviceSample
 from trainpod.api.models import (
     AttemptReport,
     ChaosOrder,
@@ -121,6 +123,9 @@ class FakeAgent:
         self._chaos_done: list[str] = []
         # Slurm: {"allocation": job, "allocation_round": n, "external_id": ..., "group": ...}
         self.allocation: dict[str, Any] = {}
+        # Device telemetry sent with every beat (None: none), e.g. the agent's real
+        # DeviceTelemetry over a SimulatedReader on this agent's clock.
+        self.devices: DeviceTelemetry | None = None
 
     @property
     def clock(self) -> Clock:
@@ -152,8 +157,16 @@ class FakeAgent:
             deep_check=self.deep_check,
             chaos_done=list(self._chaos_done) if self.ack_chaos else [],
             time=self._now(),
+            telemetry=self._device_samples(),
             **self.allocation,
         )
+
+    def _device_samples(self) -> list[DeviceSample]:
+        if self.devices is None:
+            return []
+        runs = self._runs.values()
+        busy = {r.local_rank for run in runs for r in run.ranks.values() if r.running}
+        return self.devices.samples(busy)
 
     def beat(
         self, lifecycle: Lifecycle = "ok", wait_s: float = 0.0, *, leaving: bool = False
@@ -220,8 +233,10 @@ class FakeAgent:
         step_time_s: float | None = None,
         checkpoint_step: int | None = None,
         checkpoint_stall_s: float = 0.0,
+        **extra: float,
     ) -> RankBeacon:
-        """Rank ``rank`` reports ``step`` at ``at`` (default: now, by the agent's clock).
+        """Rank ``rank`` reports ``step`` at ``at`` (default: now, by the agent's clock),
+        with ``extra`` metrics as ``trainpod.report`` passes them (``loss=``, ``tokens=``).
 
         The next beats carry the rank's summary (a :class:`RankBeacon` whose ``age_s`` is
         measured at each beat). ``step_time_s`` defaults to the time per step since the
@@ -239,7 +254,7 @@ class FakeAgent:
                 step_time_s = (at - last_at) / (step - last_step)
         if step_time_s is not None:
             run.step_times[rank] = step_time_s
-        metrics: dict[str, Any] = {}
+        metrics: dict[str, Any] = dict(extra)
         if checkpoint_step is not None:
             metrics["checkpoint_step"] = checkpoint_step
         if checkpoint_stall_s:

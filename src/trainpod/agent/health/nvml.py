@@ -112,6 +112,22 @@ class NvmlSource:
         total = self._device_count()
         return sum(1 for index in self._indices if index < total)
 
+    @property
+    def slots(self) -> int:
+        """How many GPUs were selected (``read`` takes 0 .. slots - 1)."""
+        return len(self._indices)
+
+    def energy_j(self, i: int) -> float | None:
+        """GPU slot ``i``'s energy counter in joules (NVML: millijoules since the driver
+        loaded; Volta and later); None where the device or driver has none."""
+        handle = self._handles.get(i)
+        if handle is None:
+            return None
+        try:
+            return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(handle)) / 1000.0
+        except self._nvml.NVMLError:
+            return None
+
     def read(self, i: int) -> GpuReading:
         """Read GPU slot ``i``. Never raises; an unreadable GPU is ``lost``."""
         handle = self._handles.get(i)

@@ -1,0 +1,188 @@
+"""Metrics benchmark: the cost of one ``/metrics`` scrape at 1,000 nodes and 10,000 jobs.
+
+A real :class:`~trainpod.controller.core.Controller` on a real SQLite file, driven in-process
+by fake agents (``trainpod.testing.FakeAgent``) on a fake clock: ``--nodes`` nodes (default
+1,000) of ``--devices`` SIMULATED devices each (default 8; the agent's real sampler over its
+simulated reader, so every heartbeat carries device telemetry), ``--jobs`` one-node jobs
+(default 10,000), started ``--batch`` at a time: the first ``jobs - nodes`` run and end
+(the history: ended jobs with their events and energy), then one job per node is left
+running with progress beacons (loss, tokens).
+
+It then times the scrape as ``GET /metrics`` serves it (the controller's collector and the
+text exposition, ``trainpod.telemetry.exposition.render``): the first scrape (which folds the
+whole event log and computes every ended job's goodput once), then ``--runs`` scrapes
+(default 7) with ``--beats`` agents (default 50) beating between them, reporting the median
+with the min/max spread, the body's size and its series count, and the 1-minute load average
+(the box is shared). Target: a scrape under 1 s. Building the history takes most of the run
+(about 15 minutes at the defaults on a 2-core box).
+
+Run it from the repository root, under the shared benchmark lock::
+
+    flock /tmp/bench.lock .venv/bin/python benchmarks/metrics.py [--nodes 1000] [--jobs 10000]
+        [--devices 8] [--runs 7] [--json benchmarks/results/metrics.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from trainpod.agent.devices import DeviceTelemetry, SimulatedReader
+from trainpod.controller.core import Controller
+from trainpod.spec.job import JobSpec
+from trainpod.store.repo import Store
+from trainpod.telemetry.exposition import render
+from trainpod.testing import FakeAgent, FakeClock, FakeGroup, make_config
+
+DEFAULT_JSON = Path(__file__).parent / "results" / "metrics.json"
+TARGET_S = 1.0
+
+
+def build(
+    root: Path, nodes: int, devices: int, jobs: int, batch: int
+) -> tuple[Controller, list[FakeAgent]]:
+    # The fake clock jumps 2 minutes after the history (so ended jobs' goodput is kept): no
+    # node is called lost nor any job hung for it.
+    cfg = make_config(
+        root,
+        groups=[FakeGroup("workers", nodes, devices=devices)],
+        heartbeat_timeout_s=1e6,
+        hang_timeout_s=1e6,
+    )
+    clock = FakeClock()
+    controller = Controller(Store.open(root / "state.db"), cfg, clock=clock, ports=lambda _: 29500)
+    controller.bootstrap()
+    agents = [FakeAgent(controller, d.name) for d in cfg.nodes]
+    for a in agents:
+        a.devices = DeviceTelemetry(SimulatedReader(devices, None, clock.now), clock=clock.now)
+        a.beat()
+    # A heartbeat's orders cost grows with the attempts running (OrderDesk reads them all),
+    # so jobs are started `batch` at a time: the history on the first `batch` nodes, ending
+    # each batch; then one live job per node, left running.
+    history = max(0, jobs - nodes)
+    for done in range(0, history, batch):
+        wave(controller, agents[: min(batch, history - done)], devices, end=True)
+    for first in range(0, min(nodes, jobs), batch):
+        wave(controller, agents[first : min(first + batch, jobs, nodes)], devices, end=False)
+        print(f"  {first + batch} live jobs", flush=True)
+    clock.advance(120.0)
+    return controller, agents
+
+
+def wave(controller: Controller, agents: list[FakeAgent], devices: int, *, end: bool) -> None:
+    """One one-node job per agent, started, stepping (loss, tokens) and, if ``end``, done."""
+    clock = controller.clock
+    spec = JobSpec(command=["python", "train.py"], nodes=1, procs_per_node=devices)
+    for i in range(len(agents)):
+        controller.submit(spec.model_copy(update={"team": f"t{i % 4}"}))
+    controller.step()
+    for a in agents:
+        a.start_ranks(a.beat())
+    assert isinstance(clock, FakeClock)
+    clock.advance(5.0)
+    for a in agents:
+        for attempt in a.attempts:
+            for rank in a.running_ranks(attempt):
+                if rank == 0:
+                    a.progress(attempt, rank, 10, step_time_s=0.5, loss=2.0, tokens=4096)
+                else:
+                    a.progress(attempt, rank, 10, step_time_s=0.5)
+            if end:
+                a.exit_all(attempt)
+        a.beat()
+    controller.step()
+
+
+def scrape(registry: CollectorRegistry) -> tuple[float, float, bytes]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    body = render(registry.collect())
+    return time.perf_counter() - wall, time.process_time() - cpu, body
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="trainpod-metrics-bench-") as tmp:
+        t0 = time.perf_counter()
+        controller, agents = build(Path(tmp), args.nodes, args.devices, args.jobs, args.batch)
+        built_s = time.perf_counter() - t0
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(controller.metrics)
+        first_s, first_cpu, body = scrape(registry)
+        walls, cpus, sizes = [], [], []
+        for _ in range(args.runs):
+            controller.clock.advance(1.0)  # type: ignore[attr-defined]
+            for a in agents[: args.beats]:
+                a.beat()
+            controller.step()
+            wall, cpu, body = scrape(registry)
+            walls.append(wall)
+            cpus.append(cpu)
+            sizes.append(len(body))
+        series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+        states: dict[str, int] = {}
+        for _, state, _, _ in controller.store.job_heads():
+            states[state.value] = states.get(state.value, 0) + 1
+        controller.store.close()
+    med = statistics.median(walls)
+    return {
+        "nodes": args.nodes,
+        "devices_per_node": args.devices,
+        "jobs": args.jobs,
+        "job_states": states,
+        "build_s": round(built_s, 1),
+        "first_scrape_s": round(first_s, 3),
+        "first_scrape_cpu_s": round(first_cpu, 3),
+        "scrape_s": {
+            "median": round(med, 3),
+            "min": round(min(walls), 3),
+            "max": round(max(walls), 3),
+        },
+        "scrape_cpu_s_median": round(statistics.median(cpus), 3),
+        "runs": args.runs,
+        "body_bytes": int(statistics.median(sizes)),
+        "series": series,
+        "target_s": TARGET_S,
+        "met": med < TARGET_S,
+        "load1": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--devices", type=int, default=8)
+    ap.add_argument("--jobs", type=int, default=10_000)
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--batch", type=int, default=50, help="jobs started at a time")
+    ap.add_argument("--beats", type=int, default=50, help="agents that beat between scrapes")
+    ap.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    args = ap.parse_args(argv)
+    if args.runs < 5:
+        ap.error("--runs must be at least 5 (the median of fewer says little)")
+    result = run(args)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    s = result["scrape_s"]
+    print(
+        f"scrape at {result['nodes']} nodes x {result['devices_per_node']} devices, "
+        f"{result['jobs']} jobs {result['job_states']}: median {s['median']:.3f}s "
+        f"(min {s['min']:.3f}, max {s['max']:.3f}, {result['runs']} runs), "
+        f"{result['body_bytes'] / 1e6:.2f} MB, {result['series']} series; first scrape "
+        f"{result['first_scrape_s']:.2f}s; load1 {result['load1']}; target < {TARGET_S:g}s: "
+        f"{'met' if result['met'] else 'NOT met'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

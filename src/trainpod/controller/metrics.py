@@ -1,0 +1,262 @@
+"""``/metrics``: a Prometheus collector that reads the controller's state at scrape time.
+
+Nothing is counted on the hot paths. A scrape takes the controller's lock for a few bulk
+reads (nodes, job heads, the events appended since the last scrape, live jobs' events,
+energy per job), then builds the families after releasing it
+(:mod:`trainpod.telemetry.metrics`). Kept between scrapes: each job's labels (fixed at
+submission), the goodput of jobs that ended more than FROZEN_AFTER_S ago (it no longer
+changes), and live jobs' goodput, of which one scrape recomputes at most
+LIVE_GOODPUT_PER_SCRAPE (new jobs first, then the longest unrefreshed): a bounded cost per
+scrape whatever the number of running jobs. Scrapes run one at a time (their own lock).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from trainpod.api.models import EventInfo
+from trainpod.controller import progress
+from trainpod.controller.books import BeaconBook
+from trainpod.controller.config import ControllerConfig
+from trainpod.controller.planning import Planner
+from trainpod.controller.policy import FaultKind
+from trainpod.controller.telemetry import TelemetryBook
+from trainpod.controller.views import FROZEN_AFTER_S, Views
+from trainpod.model.events import recorded
+from trainpod.model.states import JobState
+from trainpod.store.energy import IDLE_JOB, Energy, EnergyTotal
+from trainpod.store.repo import Store
+from trainpod.store.rows import EventRow, JobRow
+from trainpod.store.scan import events_of_jobs, events_since, node_states
+from trainpod.telemetry.goodput import GoodputReport, compute_goodput
+from trainpod.telemetry.metrics import EnergySum, JobLive, Scrape, Sums, families
+from trainpod.telemetry.tally import KINDS, UNKNOWN, EventTally, JobMeta
+
+TIERS = ("memory", "scratch", "peer", "durable")  # trainpod.ckpt's tiers
+LIVE_GOODPUT_PER_SCRAPE = 100
+"""Live jobs whose goodput one scrape recomputes (each is a read of its events and a walk
+of them): at 1,000 live jobs a job's figure is at most ten scrapes old."""
+_WAITING = (JobState.QUEUED, JobState.PREEMPTED)
+_LIVE = [s for s in JobState if not s.ended]
+
+
+@dataclass(frozen=True)
+class _Done:
+    """An ended job's goodput, kept: it no longer changes."""
+
+    wall_s: float
+    productive_s: float
+    lost_s: dict[str, float]
+
+
+class ClusterMetrics(Collector):
+    def __init__(
+        self,
+        store: Store,
+        cfg: ControllerConfig,
+        lock: threading.RLock,
+        views: Views,
+        beacons: BeaconBook,
+        telemetry: TelemetryBook,
+        planner: Planner,
+        now: Callable[[], float],
+    ) -> None:
+        self.store = store
+        self.cfg = cfg
+        self._lock = lock
+        self.views = views
+        self.beacons = beacons
+        self.telemetry = telemetry
+        self.planner = planner
+        self._now = now
+        self._scrape_lock = threading.Lock()
+        self._meta: dict[int, JobMeta] = {}
+        self._counted: set[int] = set()
+        """Ended jobs whose goodput is in the sums below (it no longer changes)."""
+        self._ended_teams: dict[str, Sums] = {}
+        self._ended_total = Sums()
+        self._running: dict[int, tuple[float, _Done]] = {}
+        """Live jobs' goodput and when it was computed (refreshed a bounded few a scrape)."""
+        self.tally = EventTally()
+        self.tally.seed(
+            [f.value for f in FaultKind],
+            TIERS,
+            cfg.partitions,
+            ["none", *(t.name for t in cfg.teams)],
+        )
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # registering must not run a scrape
+
+    def collect(self) -> Iterable[Metric]:
+        with self._scrape_lock:
+            return families(self.scrape())
+
+    def scrape(self) -> Scrape:
+        now = self._now()
+        with self._lock:
+            nodes = node_states(self.store)
+            heads = self.store.job_heads()
+            self._learn(self.store.jobs_by_id([j for j, *_ in heads if j not in self._meta]))
+            waiting = self.store.jobs(list(_WAITING))
+            new_events = events_since(self.store, self.tally.last_id, KINDS)
+            energy = Energy(self.store).per_job()
+            for job_id, (joules, sim) in self.telemetry.unflushed_by_job().items():
+                old = energy.get(job_id, EnergyTotal(0.0, False))
+                energy[job_id] = EnergyTotal(old.joules + joules, old.simulated or sim)
+            devices = self.telemetry.latest()
+            passes = self.planner.passes
+            attempts = {a.job_id: a.id for a in self.store.active_attempts()}
+        self.tally.fold([recorded(r) for r in new_events], self.meta)
+        live_ids = [j for j, state, _, _ in heads if not state.ended]
+        refresh = self._due(live_ids)
+        ended = [
+            j
+            for j, state, _, ended_at in heads
+            if state.ended and j not in self._counted and ended_at is not None
+        ]
+        with self._lock:
+            events = events_of_jobs(self.store, refresh + ended)
+        recent: list[tuple[int, _Done]] = []  # ended lately: may still change, not kept
+        for info in self.views.of_jobs(ended) if ended else []:
+            done = _done(compute_goodput(info, _infos(events[info.id]), now))
+            if info.ended_at is not None and now - info.ended_at > FROZEN_AFTER_S:
+                self._counted.add(info.id)
+                self._add(self._ended_teams, self._ended_total, self.meta(info.id).team, done)
+            else:
+                recent.append((info.id, done))
+        for info in self.views.of_jobs(refresh) if refresh else []:
+            report = compute_goodput(info, _infos(events[info.id]), now)
+            self._running[info.id] = (now, _done(report))
+        live = [self._live(j, energy, attempts) for j in live_ids if j in self._running]
+        teams = {team: sums.copy() for team, sums in self._ended_teams.items()}
+        total = self._ended_total.copy()
+        for job_id, d in recent:
+            self._add(teams, total, self.meta(job_id).team, d)
+        for j in live:
+            self._add(teams, total, j.team, _Done(j.wall_s, j.productive_s, j.lost_s))
+        team_energy, cluster_energy, idle_energy = self._energy(energy)
+        return Scrape(
+            cluster=self.cfg.cluster,
+            backend=self.cfg.backend,
+            g_per_kwh=self.cfg.carbon.g_per_kwh,
+            carbon_source=self.cfg.carbon.source,
+            nodes=nodes,
+            jobs=self._job_counts(heads),
+            queue=self._queue(waiting, now),
+            live=live,
+            teams=teams,
+            cluster_sums=total,
+            devices=devices,
+            tally=self.tally,
+            passes=passes,
+            team_energy=team_energy,
+            cluster_energy=cluster_energy,
+            idle_energy=idle_energy,
+        )
+
+    # -- pieces ---------------------------------------------------------------------------
+    def meta(self, job_id: int) -> JobMeta:
+        return self._meta.get(job_id, UNKNOWN)
+
+    def _learn(self, rows: Sequence[JobRow]) -> None:
+        for row in rows:
+            spec = row.spec
+            self._meta[row.id] = JobMeta(
+                team=spec.get("team") or "none",
+                priority_class=spec.get("priority_class") or "none",
+                partition=spec.get("partition") or self.cfg.default_partition,
+                user=spec.get("user") or "",
+                submitted_at=row.submitted_at,
+            )
+
+    def _job_counts(
+        self, heads: list[tuple[int, JobState, float, float | None]]
+    ) -> dict[tuple[JobState, str, str, str], int]:
+        counts: dict[tuple[JobState, str, str, str], int] = {}
+        for job_id, state, _, _ in heads:
+            m = self.meta(job_id)
+            key = (state, m.team, m.priority_class, m.partition)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def _queue(self, waiting: list[JobRow], now: float) -> dict[str, tuple[int, float]]:
+        out = {p: (0, 0.0) for p in self.cfg.partitions}
+        for job in waiting:
+            if job.held_by:
+                continue
+            part = self.meta(job.id).partition
+            n, oldest = out.get(part, (0, 0.0))
+            out[part] = (n + 1, max(oldest, now - job.submitted_at))
+        return out
+
+    def _due(self, live_ids: list[int]) -> list[int]:
+        """The live jobs whose goodput this scrape computes: every one not computed yet, then
+        the longest-computed ones, LIVE_GOODPUT_PER_SCRAPE in all (forgets ended jobs)."""
+        live = set(live_ids)
+        for gone in set(self._running) - live:
+            del self._running[gone]
+        new = [j for j in live_ids if j not in self._running]
+        room = max(0, LIVE_GOODPUT_PER_SCRAPE - len(new))
+        known = sorted(self._running, key=lambda j: self._running[j][0])
+        return new + known[:room]
+
+    def _live(
+        self, job_id: int, energy: dict[int, EnergyTotal], attempts: dict[int, int]
+    ) -> JobLive:
+        _, done = self._running[job_id]
+        attempt = attempts.get(job_id)
+        book = self.beacons.of(attempt) if attempt is not None else {}
+        summary = progress.summarise(book)
+        tokens = [b.metrics.get("tokens_total") for b, _ in book.values()]
+        rank0 = book.get(0)
+        loss = rank0[0].metrics.get("loss") if rank0 is not None else None
+        e = energy.get(job_id, EnergyTotal(0.0, False))
+        return JobLive(
+            job_id=job_id,
+            team=self.meta(job_id).team,
+            wall_s=done.wall_s,
+            productive_s=done.productive_s,
+            lost_s=done.lost_s,
+            step=summary.get("last_step"),
+            step_time_s=summary.get("step_time_s"),
+            tokens=sum(float(t) for t in tokens if isinstance(t, int | float)) if book else None,
+            loss=float(loss) if isinstance(loss, int | float) else None,
+            energy_j=e.joules,
+            simulated=e.simulated,
+        )
+
+    def _energy(
+        self, energy: dict[int, EnergyTotal]
+    ) -> tuple[dict[str, EnergySum], EnergySum, EnergySum]:
+        """Per team, the whole cluster, and idle devices (job 0)."""
+        teams: dict[str, EnergySum] = {}
+        total, sim_any = 0.0, False
+        for job_id, e in energy.items():
+            total += e.joules
+            sim_any = sim_any or e.simulated
+            if job_id == IDLE_JOB:
+                continue
+            team = self.meta(job_id).team
+            old = teams.get(team, EnergySum(0.0, False))
+            teams[team] = EnergySum(old.joules + e.joules, old.simulated or e.simulated)
+        idle = energy.get(IDLE_JOB, EnergyTotal(0.0, False))
+        return teams, EnergySum(total, sim_any), EnergySum(idle.joules, idle.simulated)
+
+    @staticmethod
+    def _add(teams: dict[str, Sums], total: Sums, team: str, d: _Done) -> None:
+        teams.setdefault(team, Sums()).add(d.wall_s, d.productive_s, d.lost_s)
+        total.add(d.wall_s, d.productive_s, d.lost_s)
+
+
+def _done(report: GoodputReport) -> _Done:
+    return _Done(report.wall_s, report.buckets.get("productive", 0.0), report.lost_by_cause)
+
+
+def _infos(rows: list[EventRow]) -> list[EventInfo]:
+    return [EventInfo(**vars(e)) for e in rows]

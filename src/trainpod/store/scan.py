@@ -1,0 +1,39 @@
+"""Bulk reads of the event log for scrapes: some kinds since an id, all events of some jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainpod.model.states import NodeState
+from trainpod.store.repo import Store
+from trainpod.store.rows import EventRow
+
+_CHUNK = 900  # SQLite's default limit on host parameters is 999
+
+
+def events_since(store: Store, after: int, kinds: Sequence[str]) -> list[EventRow]:
+    """Events of ``kinds`` with an id above ``after``, oldest first."""
+    marks = ",".join("?" * len(kinds))
+    sql = f"SELECT * FROM events WHERE id > ? AND kind IN ({marks}) ORDER BY id"
+    return [EventRow.from_sql(r) for r in store.connection.execute(sql, [after, *kinds])]
+
+
+def node_states(store: Store) -> list[tuple[str, str, NodeState]]:
+    """(name, group, state) of every node, by name, without reading their facts."""
+    rows = store.connection.execute("SELECT name, grp, state FROM nodes ORDER BY name")
+    return [(str(n), str(g), NodeState(s)) for n, g, s in rows]
+
+
+def events_of_jobs(store: Store, job_ids: Sequence[int]) -> dict[int, list[EventRow]]:
+    """Every event of each job, oldest first (a few queries, not one per job)."""
+    out: dict[int, list[EventRow]] = {j: [] for j in job_ids}
+    ids = list(job_ids)
+    for i in range(0, len(ids), _CHUNK):
+        part = ids[i : i + _CHUNK]
+        marks = ",".join("?" * len(part))
+        sql = f"SELECT * FROM events WHERE job_id IN ({marks}) ORDER BY id"
+        for r in store.connection.execute(sql, part):
+            row = EventRow.from_sql(r)
+            if row.job_id is not None:
+                out[row.job_id].append(row)
+    return out

@@ -1,0 +1,164 @@
+"""``/metrics`` over a real controller: what Prometheus would read, and who may read it.
+
+Parsed with prometheus_client's own parser. The devices are SIMULATED (the agent's real
+sampler over its simulated reader)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+
+from trainpod.agent.devices import DeviceTelemetry, SimulatedReader
+from trainpod.api.app import create_app
+from trainpod.api.models import ClusterInfo
+from trainpod.controller.access import operator
+from trainpod.telemetry.exposition import render
+from trainpod.telemetry.metrics import families
+
+from .healing import HealingCluster, Make
+
+ADMIN = {"Authorization": "Bearer admin-secret"}
+SCRAPE = {"Authorization": "Bearer scrape-secret"}
+
+
+@pytest.fixture
+def cluster(make: Make) -> HealingCluster:
+    c = make()
+    for agent in c.agents.values():
+        agent.devices = DeviceTelemetry(
+            SimulatedReader(2, None, clock=c.clock.now), clock=c.clock.now
+        )
+    c.up()
+    return c
+
+
+@pytest.fixture
+def client(cluster: HealingCluster) -> Iterator[TestClient]:
+    def info() -> ClusterInfo:
+        raise AssertionError("not used")
+
+    app = create_app(
+        cluster.controller,
+        admin_token="admin-secret",
+        agent_token="agent-secret",
+        info=info,
+        scrape_token="scrape-secret",
+    )
+    with TestClient(app) as client:
+        yield client
+
+
+def scrape(client: TestClient) -> dict[str, list[Sample]]:
+    r = client.get("/metrics", headers=SCRAPE)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    out: dict[str, list[Sample]] = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def value(samples: dict[str, list[Sample]], name: str, **labels: str) -> float:
+    found = [s.value for s in samples.get(name, []) if labels.items() <= s.labels.items()]
+    assert len(found) == 1, f"{name}{labels}: {found} in {samples.get(name)}"
+    return found[0]
+
+
+def test_a_job_through_a_crash_shows_in_the_metrics(
+    cluster: HealingCluster, client: TestClient
+) -> None:
+    c = cluster
+    job = c.submit(auto_resume=True, team="vision")
+    c.start(job)
+    for step in range(1, 6):
+        c.clock.advance(2.0)
+        for r in c.job(job).attempts[-1].ranks:
+            agent, attempt = c.agents[r.node], c.attempt_id(job)
+            if r.rank == 0:
+                agent.progress(attempt, 0, step, step_time_s=2.0, loss=2.5 - step / 10, tokens=1000)
+            else:
+                agent.progress(attempt, r.rank, step, step_time_s=2.0)
+        c.tick(0.0)
+    m = scrape(client)
+    labels = {"job_id": str(job), "team": "vision"}
+    assert value(m, "trainpod_job_step", **labels) == 5
+    assert value(m, "trainpod_job_steps_per_second", **labels) == pytest.approx(0.5)
+    assert value(m, "trainpod_job_loss", **labels) == pytest.approx(2.0)
+    assert value(m, "trainpod_job_tokens_total", **labels) == 5000
+    assert value(m, "trainpod_jobs", state="running", team="vision", partition="default") == 1
+    assert value(m, "trainpod_nodes", state="allocated", group="workers") == 2
+    assert value(m, "trainpod_node_state", node="workers-0", state="allocated") == 1
+    assert value(m, "trainpod_attempts_total", team="vision") == 1
+    util = value(m, "trainpod_device_utilization_ratio", node="workers-0", device="0")
+    assert 0.8 < util <= 1.0
+    assert {s.labels["simulated"] for s in m["trainpod_device_power_watts"]} == {"true"}
+    assert value(m, "trainpod_job_energy_joules", **labels) > 0
+    assert value(m, "trainpod_queue_wait_seconds_count", partition="default") == 1
+    assert m["trainpod_scheduler_pass_seconds_count"][0].value >= 1
+
+    c.crash(job, 3)
+    c.tick(1.0)
+    c.start(job)
+    c.tick(1.0)
+    m = scrape(client)
+    assert value(m, "trainpod_restarts_total", team="vision") == 1
+    assert value(m, "trainpod_faults_total", fault="crash") == 1
+    assert value(m, "trainpod_fault_detection_seconds_count", fault="crash") == 1
+    assert value(m, "trainpod_recovery_seconds_count", fault="crash") == 1
+    assert value(m, "trainpod_recovery_seconds_sum", fault="crash") > 0
+    lost = {s.labels["cause"] for s in m["trainpod_job_lost_seconds"] if s.value > 0}
+    assert lost, m["trainpod_job_lost_seconds"]
+    assert 0 < value(m, "trainpod_job_goodput_ratio", **labels) < 1
+    assert 0 < value(m, "trainpod_team_goodput_ratio", team="vision") < 1
+
+    c.finish(job)
+    c.tick(120.0)  # long enough ago for its goodput to be kept
+    m = scrape(client)
+    assert "trainpod_job_goodput_ratio" not in m  # the job's own series ended with it
+    assert value(m, "trainpod_jobs", state="completed", team="vision") == 1
+    assert value(m, "trainpod_team_energy_joules_total", team="vision") > 0
+    grams = value(m, "trainpod_team_co2e_grams_total", team="vision")
+    joules = value(m, "trainpod_team_energy_joules_total", team="vision")
+    assert grams == pytest.approx(joules / 3.6e6 * 475.0)  # the default: the world average
+    assert value(m, "trainpod_cluster_energy_joules_total") > joules  # idle devices too
+    assert 0 < value(m, "trainpod_cluster_goodput_ratio") < 1
+    assert value(m, "trainpod_restarts_total", team="vision") == 1  # counted once
+
+
+def test_the_fast_exposition_is_prometheus_clients_byte_for_byte(cluster: HealingCluster) -> None:
+    c = cluster
+    job = c.submit(auto_resume=True, team='the "quoted" team\\')  # label values escaped
+    c.start(job)
+    c.tick(3.0)
+    c.crash(job, 1)
+    c.tick(1.0)
+    scrape = c.controller.metrics.scrape()
+    assert render(families(scrape)) == generate_latest(_Fixed(families(scrape)))
+
+
+class _Fixed(Collector):
+    def __init__(self, fams: list[Metric]) -> None:
+        self.fams = fams
+
+    def collect(self) -> Iterable[Metric]:
+        return self.fams
+
+
+def test_who_may_scrape(cluster: HealingCluster, client: TestClient) -> None:
+    admin = operator(cluster.cfg.operator)
+    *_, bob = cluster.controller.access.add_user(admin, "bob", team=None, role="user", teams=set())
+    assert client.get("/metrics", headers={"Authorization": f"Bearer {bob}"}).status_code == 200
+    assert client.get("/metrics", headers=ADMIN).status_code == 200
+    assert client.get("/metrics").status_code == 401
+    r = client.get("/v1/jobs", headers=SCRAPE)
+    assert r.status_code == 403 and "only /metrics" in r.json()["message"]
+    agent = client.get("/metrics", headers={"Authorization": "Bearer agent-secret"})
+    assert agent.status_code == 403
