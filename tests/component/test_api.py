@@ -172,6 +172,37 @@ def test_a_heartbeat_from_an_unknown_node_is_404(client: TestClient, cluster: Cl
     assert "not part of cluster" in r.json()["message"]
 
 
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"node": "workers-0"}', "agent_id"),  # required fields missing
+        (b'{"node": "workers-0", "wait_s": 99}', "wait_s"),
+        (b"{not json", None),
+    ],
+)
+def test_a_malformed_heartbeat_is_422_as_fastapi_reports_it(
+    client: TestClient, body: bytes, field: str | None
+) -> None:
+    headers = {**AGENT, "Content-Type": "application/json"}
+    r = client.post("/v1/agent/heartbeat", content=body, headers=headers)
+    assert r.status_code == 422
+    detail = r.json()["detail"]
+    assert detail and all(e["loc"][0] == "body" and e["msg"] for e in detail)
+    if field is not None:
+        assert ["body", field] in [e["loc"] for e in detail]
+
+
+def test_the_heartbeat_is_still_described_in_the_openapi_schema(client: TestClient) -> None:
+    paths = client.get("/v1/openapi.json", headers=ADMIN).json()["paths"]
+    call = paths["/v1/agent/heartbeat"]["post"]
+    assert call["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/Heartbeat"
+    )
+    assert call["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/Orders"
+    )
+
+
 def test_logs_of_a_job_without_attempts_are_empty(client: TestClient) -> None:
     job = client.post("/v1/jobs", json=JOB, headers=ADMIN).json()
     r = client.get(f"/v1/jobs/{job['id']}/logs", headers=ADMIN)

@@ -145,7 +145,7 @@ def _node(state: NodeState, job_id: int | None) -> NodeRow:
         agent_id="a",
         agent_pid=1,
         last_heartbeat=0.0,
-        facts={},
+        facts_json="{}",
         updated_at=0.0,
     )
 

@@ -154,6 +154,47 @@ def test_nested_transactions_join_the_outer_one(store: Store) -> None:
     assert [e.kind for e in store.events()] == ["inner", "outer"]
 
 
+def test_a_savepoint_undoes_only_its_own_block(store: Store) -> None:
+    with store.transaction():
+        store.add_event(1.0, "kept")
+        with pytest.raises(Boom), store.savepoint():
+            store.add_event(2.0, "undone")
+            store.insert_job("j", {"command": ["x"]}, 2.0)
+            raise Boom
+        with store.savepoint():
+            store.add_event(3.0, "also kept")
+    assert [e.kind for e in store.events()] == ["kept", "also kept"]
+    assert store.jobs() == []
+    with pytest.raises(RuntimeError, match="needs an open"), store.savepoint():
+        pass
+
+
+def test_work_version_moves_on_job_attempt_and_rank_writes_and_rollbacks(store: Store) -> None:
+    seen = [store.work_version]
+
+    def moved() -> bool:
+        seen.append(store.work_version)
+        return seen[-1] != seen[-2]
+
+    store.insert_node("n-0", "g", "compute", False, 2, 1.0)
+    store.update_node("n-0", 2.0, last_heartbeat=2.0)
+    store.add_event(2.0, "beat")
+    assert not moved()  # a beat's own writes leave what orders are made of alone
+    job = store.insert_job("j", {"command": ["x"]}, 1.0)
+    assert moved()
+    attempt = store.insert_attempt(job, 1, ["n-0"], "127.0.0.1", 29500, 1, 1.0)
+    assert moved()
+    store.update_rank(attempt, 0, state=RankState.RUNNING)
+    assert moved()
+    store.update_attempt(attempt, state=AttemptState.RUNNING)
+    assert moved()
+    store.update_job(job, 2.0, state=JobState.RUNNING)
+    assert moved()
+    with pytest.raises(Boom), store.transaction():
+        raise Boom  # what was read inside may have been undone
+    assert moved()
+
+
 def test_the_store_is_usable_after_a_rollback(store: Store) -> None:
     with pytest.raises(Boom), store.transaction():
         raise Boom

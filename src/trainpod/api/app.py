@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-import anyio.to_thread
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trainpod.api.devices import DeviceTelemetry, EnergySummary, JobEnergy
+from trainpod.api.heartbeat import BeatRunner, HeartbeatRoute, error_reply
 from trainpod.api.models import (
     AllocationLease,
     ChaosOrder,
@@ -44,7 +45,7 @@ from trainpod.controller.core import Controller
 from trainpod.controller.launch import rank_log_path, read_log_chunk
 from trainpod.dashboard import cookie_token, is_ui, login_redirect, public_path
 from trainpod.dashboard import mount as mount_dashboard
-from trainpod.errors import Conflict, Forbidden, NotFound, SpecError, TrainpodError
+from trainpod.errors import TrainpodError
 from trainpod.spec.job import JobSpec
 from trainpod.store.accounts import TokenRow, UserRow
 from trainpod.telemetry.exposition import CONTENT_TYPE, render
@@ -53,7 +54,6 @@ from trainpod.telemetry.goodput import compute_goodput
 METRICS_PATH = "/metrics"
 SCRAPER = Principal("prometheus", "user")
 """The holder of the read-only scrape token (``scrape.token``): ``/metrics`` only."""
-_STATUS = {SpecError: 400, Forbidden: 403, NotFound: 404, Conflict: 409}
 
 
 def create_app(
@@ -65,14 +65,24 @@ def create_app(
     scrape_token: str = "",
 ) -> FastAPI:
     """``scrape_token``: a read-only token that opens ``/metrics`` only (empty: none)."""
+    beats = BeatRunner(controller)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        beats.close()
+
     app = FastAPI(
         title="trainpod controller",
         version="1",
         openapi_url="/v1/openapi.json",
         docs_url="/v1/docs",
         redoc_url=None,
+        lifespan=lifespan,
     )
 
+    # Added first, so it runs inside BearerAuth: the token is checked as for every call.
+    app.add_middleware(HeartbeatRoute, runner=beats)
     tokens = Tokens(
         admin_token=admin_token,
         agent_token=agent_token,
@@ -91,8 +101,8 @@ def create_app(
 
     @app.exception_handler(TrainpodError)
     async def trainpod_error(_: Request, exc: TrainpodError) -> JSONResponse:
-        status = next((s for t, s in _STATUS.items() if isinstance(exc, t)), 500)
-        return JSONResponse({"error": type(exc).__name__, "message": str(exc)}, status_code=status)
+        status, body = error_reply(exc)
+        return JSONResponse(body, status_code=status)
 
     @app.get("/v1/cluster", response_model=ClusterInfo)
     def cluster() -> ClusterInfo:
@@ -253,16 +263,11 @@ def create_app(
 
     @app.post("/v1/agent/heartbeat", response_model=Orders)
     async def heartbeat(hb: Heartbeat) -> Response:
-        # Recording takes the controller's lock (a worker thread); the long poll then waits
-        # on the event loop, holding no thread, until the orders change or wait_s is up.
-        orders, version = await anyio.to_thread.run_sync(controller.beat, hb)
-        deadline = time.monotonic() + hb.wait_s
-        while hb.wait_s > 0 and orders.hash == hb.orders_hash:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not await controller.wake.changed_since(version, remaining):
-                break
-            orders, version = await anyio.to_thread.run_sync(controller.orders_for, hb.node)
-        body = controller.stamp(orders).model_dump_json()
+        """An agent's report; the reply is its orders, held (a long poll, no thread held)
+        up to ``wait_s`` while they equal those of ``orders_hash``. Served by
+        :class:`~trainpod.api.heartbeat.HeartbeatRoute` before FastAPI routes it; declared
+        here for the schema, and answered the same way should a call reach it."""
+        body = await beats.answer(hb)
         return Response(content=body, media_type="application/json")  # built: not re-checked
 
     return app

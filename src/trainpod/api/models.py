@@ -234,9 +234,25 @@ class Orders(_Model):
     hash: str = ""
 
     def sealed(self) -> Orders:
-        body = self.model_dump(exclude={"hash", "controller_time"})
-        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+        """These orders with their hash (the agent echoes it; a long poll waits while the
+        agent holds orders of the same hash)."""
+        # Most orders are the same as many before (a thousand idle nodes get the same
+        # "nothing to do"): their canonical JSON (sorted keys) is hashed once, looked up by
+        # pydantic's own (fast) dump of them.
+        key = self.model_dump_json(exclude=_UNHASHED)
+        digest = _DIGESTS.get(key)
+        if digest is None:
+            body = json.dumps(self.model_dump(exclude=_UNHASHED), sort_keys=True)
+            digest = hashlib.sha256(body.encode()).hexdigest()[:16]
+            if len(_DIGESTS) >= _MAX_DIGESTS:
+                _DIGESTS.clear()
+            _DIGESTS[key] = digest
         return self.model_copy(update={"hash": digest})
+
+
+_UNHASHED = {"hash", "controller_time"}
+_MAX_DIGESTS = 4096
+_DIGESTS: dict[str, str] = {}  # Orders JSON (unhashed fields excluded) -> its hash
 
 
 # -- public API ---------------------------------------------------------------------------

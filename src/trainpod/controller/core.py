@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from trainpod.api.devices import DeviceTelemetry
 from trainpod.api.models import (
@@ -406,6 +406,35 @@ class Controller:
     def orders_for(self, node: str) -> tuple[Orders, int]:
         with self._lock:
             return self.orders.for_node(node), self.wake.version
+
+    def serve(self, work: Sequence[Heartbeat | str]) -> list[tuple[Orders, int] | Exception]:
+        """Beats (a :class:`Heartbeat`: :meth:`beat`) and order look-ups (a node's name:
+        :meth:`orders_for`) under one hold of the lock; a reply for each, in order. The
+        API's heartbeat thread hands over every beat that arrived meanwhile, instead of
+        queueing each on the lock behind the reconcile step. They are committed together
+        (one SQLite transaction, a savepoint each: a beat that fails leaves no trace, the
+        others stay), before any is answered. An item's error is its reply."""
+        done: dict[int, tuple[Orders, int] | Exception] = {}
+        with self._lock, self.store.transaction():
+            for i, w in enumerate(work):
+                if isinstance(w, Heartbeat):
+                    try:
+                        with self.store.savepoint():
+                            done[i] = self.beat(w)
+                    except Exception as exc:  # that call's error (its reply), not the others'
+                        done[i] = exc
+            # The look-ups after every beat (the freshest orders), together: all at one
+            # version, what nodes' orders share read once.
+            looked_up = [i for i, w in enumerate(work) if not isinstance(w, Heartbeat)]
+            if looked_up:
+                try:
+                    found = self.orders.for_nodes([str(work[i]) for i in looked_up])
+                    done.update(
+                        (i, (o, self.wake.version)) for i, o in zip(looked_up, found, strict=True)
+                    )
+                except Exception as exc:
+                    done.update((i, exc) for i in looked_up)
+        return [done[i] for i in range(len(work))]
 
     def stamp(self, orders: Orders) -> Orders:
         return orders.model_copy(update={"controller_time": self.clock.now()})

@@ -8,7 +8,9 @@ reports (started, exited, lost with a restarted agent), health and chaos acknowl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import pydantic_core
 
 from trainpod.api.models import AttemptReport, Heartbeat
 from trainpod.controller.books import BeaconBook, ChaosBook
@@ -74,7 +76,7 @@ class HeartbeatIngest:
         tails = {r.rank: r.log_tail for a in hb.attempts for r in a.ranks if r.log_tail}
         for attempt_id in touched:
             self.executor.reconcile(attempt_id, now, tails)
-        self._health(self.tx.node(node.name), hb, now)
+        self._health(node.name, hb, now)
         self.chaos.acknowledged(node.name, hb.chaos_done)
 
     # -- the steps ------------------------------------------------------------------------
@@ -118,6 +120,9 @@ class HeartbeatIngest:
             "lifecycle": hb.lifecycle.model_dump(),
             "health": [h.model_dump() for h in hb.health],
         }
+        # Encoded once, for the column and the row (pydantic's encoder: the stdlib's costs
+        # several times as much for a real agent's ~2 KB of facts and health results).
+        facts_json = pydantic_core.to_json(facts).decode()
         self.store.update_node(
             node.name,
             now,
@@ -125,9 +130,19 @@ class HeartbeatIngest:
             address=hb.address,
             agent_id=hb.agent_id,
             agent_pid=hb.agent_pid,
-            facts=facts,
+            facts=facts_json,
         )
-        return self.tx.node(node.name), new_agent
+        # The row as just written, without reading (and decoding) it back.
+        row = replace(
+            node,
+            last_heartbeat=now,
+            address=hb.address,
+            agent_id=hb.agent_id,
+            agent_pid=hb.agent_pid,
+            facts_json=facts_json,
+            updated_at=now,
+        )
+        return row, new_agent
 
     def _node_state(self, node: NodeRow, hb: Heartbeat, now: float) -> None:
         if node.state is NodeState.REPAIRING:
@@ -252,12 +267,13 @@ class HeartbeatIngest:
                     touched.add(attempt.id)
         return touched
 
-    def _health(self, node: NodeRow, hb: Heartbeat, now: float) -> None:
+    def _health(self, name: str, hb: Heartbeat, now: float) -> None:
         """A FAULT from any health check quarantines the node (and stops its attempt)."""
-        if node.state in _FAULT_FREE or hb.leaving:
-            return
         faults = [h for h in hb.health if h.status == "fault"]
-        if not faults:
+        if not faults or hb.leaving:
+            return
+        node = self.tx.node(name)  # as the steps before left it
+        if node.state in _FAULT_FREE:
             return
         kind = FaultKind.GPU_FAULT if faults[0].check == "gpu" else FaultKind.NODE_FAULT
         reason = "; ".join(f"{h.check}: {h.reason}" for h in faults)

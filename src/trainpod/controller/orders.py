@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from trainpod.api.models import DeepCheckOrder, KillOrder, LaunchOrder, Orders
@@ -15,7 +16,18 @@ from trainpod.controller.launch import launch_order
 from trainpod.controller.transitions import Transitions
 from trainpod.model.states import AttemptState, NodeState, RankState
 from trainpod.store.repo import Store
-from trainpod.store.rows import AttemptRow
+from trainpod.store.rows import AttemptRow, RankRow
+
+
+@dataclass
+class _Shared:
+    """What every node's orders are made from, as read at ``version`` (the store's
+    ``work_version``)."""
+
+    version: int
+    attempts: list[AttemptRow]  # the active ones
+    live: dict[str, list[int]]  # node -> jobs not ended that ran there (checkpoints stay)
+    ranks: dict[int, list[RankRow]] = field(default_factory=dict)  # read when first needed
 
 
 @dataclass
@@ -30,16 +42,36 @@ class OrderDesk:
     _mtbf: dict[int, dict[str, str]] = field(
         default_factory=dict, init=False
     )  # attempt -> MTBF env
+    _shared: _Shared | None = field(default=None, init=False)
 
     def for_node(self, node: str) -> Orders:
+        return self.for_nodes([node])[0]
+
+    def for_nodes(self, nodes: Sequence[str]) -> list[Orders]:
+        """Each node's orders. What they share (the active attempts and their ranks, the
+        live jobs by node) is read once and kept while no job, attempt or rank is written
+        (``Store.work_version``): every beat of every agent asks for its orders, and a
+        change wakes every parked long poll to look again."""
+        shared = self._shared
+        if shared is None or shared.version != self.store.work_version:
+            shared = self._shared = _Shared(
+                self.store.work_version,
+                self.store.active_attempts(),
+                checkpoints.active_jobs_by_node(self.store),
+            )
+        return [self._orders(node, shared) for node in nodes]
+
+    def _orders(self, node: str, shared: _Shared) -> Orders:
         launch: list[LaunchOrder] = []
         kill: list[KillOrder] = []
         active: set[int] = set()
-        for attempt in self.store.active_attempts():
+        for attempt in shared.attempts:
             if node not in attempt.nodes:
                 continue
             active.add(attempt.id)
-            mine = [r for r in self.store.ranks(attempt.id) if r.node == node]
+            if attempt.id not in shared.ranks:
+                shared.ranks[attempt.id] = self.store.ranks(attempt.id)
+            mine = [r for r in shared.ranks[attempt.id] if r.node == node]
             if attempt.state is AttemptState.STOPPING:
                 if any(not r.state.ended for r in mine):
                     kill.append(self.kill_order(attempt))
@@ -58,7 +90,7 @@ class OrderDesk:
             deep_check=deep,
             chaos=self.chaos.pending(node),
             heartbeat_interval_s=self.cfg.heartbeat_interval_s,
-            active_jobs=checkpoints.active_jobs(self.store, node),
+            active_jobs=shared.live.get(node, []),
             leave=self.scheduling.leave_code(row),
         ).sealed()
 

@@ -73,6 +73,9 @@ class Store:
         self.appended = 0
         """Events appended through this store so far: a caller compares it before and after
         a change to know whether anything happened (every state change writes an event)."""
+        self.work_version = 0
+        """Moves on every write to jobs, attempts or ranks, and on every rollback: what is
+        read from those tables and kept stays valid while it stays the same."""
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -102,11 +105,28 @@ class Store:
             yield
         except BaseException:
             self._conn.execute("ROLLBACK")
+            self.work_version += 1
             raise
         else:
             self._conn.execute("COMMIT")
         finally:
             self._depth = 0
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """Inside :meth:`transaction`: the block's writes are undone if it raises, the
+        transaction's others kept (one heartbeat of a batch committed together)."""
+        if not self._depth:
+            raise RuntimeError("Store.savepoint() needs an open Store.transaction()")
+        self._conn.execute("SAVEPOINT block")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK TO block")
+            self.work_version += 1
+            raise
+        finally:
+            self._conn.execute("RELEASE block")
 
     # -- meta ---------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
@@ -275,6 +295,7 @@ class Store:
 
     # -- jobs ---------------------------------------------------------------------------
     def insert_job(self, name: str, spec: dict[str, Any], ts: float) -> int:
+        self.work_version += 1
         cur = self._conn.execute(
             "INSERT INTO jobs(name, spec, state, submitted_at, updated_at) VALUES(?,?,?,?,?)",
             (name, json.dumps(spec, sort_keys=True), JobState.QUEUED.value, ts, ts),
@@ -347,6 +368,7 @@ class Store:
 
     def update_job(self, job_id: int, ts: float, **fields: Any) -> None:
         sets, args = _sets(fields, _JOB_COLUMNS)
+        self.work_version += 1
         self._conn.execute(
             f"UPDATE jobs SET {sets}, updated_at = ? WHERE id = ?", [*args, ts, job_id]
         )
@@ -363,6 +385,7 @@ class Store:
         ts: float,
         restart_reason: str = "",
     ) -> int:
+        self.work_version += 1
         cur = self._conn.execute(
             "INSERT INTO attempts(job_id, number, state, nodes, master_addr, master_port, "
             "created_at, restart_reason) VALUES(?,?,?,?,?,?,?,?)",
@@ -478,8 +501,22 @@ class Store:
         )
         return [int(r[0]) for r in rows]
 
+    def live_jobs_by_node(self, states: Sequence[JobState]) -> dict[str, list[int]]:
+        """:meth:`live_jobs_on` for every node at once (nodes without such jobs left out)."""
+        rows = self._conn.execute(
+            "SELECT DISTINCT n.value, a.job_id FROM attempts a JOIN jobs j ON j.id = a.job_id, "
+            f"json_each(a.nodes) n WHERE j.state IN ({','.join('?' * len(states))}) "
+            "ORDER BY a.job_id",
+            [s.value for s in states],
+        )
+        out: dict[str, list[int]] = {}
+        for node, job_id in rows:
+            out.setdefault(str(node), []).append(int(job_id))
+        return out
+
     def update_attempt(self, attempt_id: int, **fields: Any) -> None:
         sets, args = _sets(fields, _ATTEMPT_COLUMNS)
+        self.work_version += 1
         self._conn.execute(f"UPDATE attempts SET {sets} WHERE id = ?", [*args, attempt_id])
 
     def ranks(self, attempt_id: int) -> list[RankRow]:
@@ -490,6 +527,7 @@ class Store:
 
     def update_rank(self, attempt_id: int, rank: int, **fields: Any) -> None:
         sets, args = _sets(fields, _RANK_COLUMNS)
+        self.work_version += 1
         self._conn.execute(
             f"UPDATE ranks SET {sets} WHERE attempt_id = ? AND rank = ?",
             [*args, attempt_id, rank],

@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from trainpod.model.failures import Failure, RepairState
 from trainpod.model.states import AttemptState, JobState, NodeState, RankState
+
+_NO_REPAIR = RepairState()
+
+
+def _repair(column: str) -> RepairState:
+    """A node's ``repair`` column; its usual ``{}`` (none in progress) without decoding."""
+    return _NO_REPAIR if column == "{}" else RepairState.from_json(json.loads(column))
 
 
 @dataclass(frozen=True)
@@ -25,12 +33,20 @@ class NodeRow:
     agent_id: str | None
     agent_pid: int | None
     last_heartbeat: float | None
-    facts: dict[str, Any]
+    facts_json: str  # the agent's last report of its node (JSON text, as stored)
     updated_at: float
     drained: bool = False
     repairs: int = 0  # failed repairs so far
     repair: RepairState = field(default_factory=RepairState)  # the repair in progress, if any
     allocation: int | None = None  # Slurm: the job whose allocation this node's agent serves
+
+    @cached_property
+    def facts(self) -> dict[str, Any]:
+        """The facts, decoded on first use: most readers of a node (the heartbeat path, the
+        scheduler's snapshot of every node, the watchdog) never look at them, and decoding
+        a node's ~2 KB of facts and health results each time was most of their cost."""
+        decoded: dict[str, Any] = json.loads(self.facts_json)
+        return decoded
 
     @classmethod
     def from_sql(cls, r: sqlite3.Row) -> NodeRow:
@@ -47,11 +63,11 @@ class NodeRow:
             agent_id=r["agent_id"],
             agent_pid=r["agent_pid"],
             last_heartbeat=r["last_heartbeat"],
-            facts=json.loads(r["facts"]),
+            facts_json=r["facts"],
             updated_at=r["updated_at"],
             drained=bool(r["drained"]),
             repairs=r["repairs"],
-            repair=RepairState.from_json(json.loads(r["repair"])),
+            repair=_repair(r["repair"]),
             allocation=r["allocation"],
         )
 
