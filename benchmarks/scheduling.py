@@ -64,6 +64,7 @@ import json
 import math
 import os
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -344,6 +345,9 @@ def replay_trainpod(
             c.close()
         admin.close()
         copy_logs(paths, work / "logs")
+        if paths.db.exists():  # the events, for timing each hop of a hand-over
+            with sqlite3.connect(paths.db) as src, sqlite3.connect(work / "controller.db") as dst:
+                src.backup(dst)
         if paths.record.exists():
             backend.delete(purge=True)
     return Replay("trainpod", outcomes_of(trace, submitted, jobs_dir), submitted, started,
