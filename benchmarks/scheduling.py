@@ -79,6 +79,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.benchkit import copy_logs  # noqa: E402
+from benchmarks.schedulingholds import holds_of  # noqa: E402
 from benchmarks.schedulingkit import (  # noqa: E402
     PARAMS,
     QUICK,
@@ -376,6 +377,9 @@ def figures(m: dict[str, object], params: TraceParams) -> dict[str, float]:
     """The flat figures of one replay's metrics (what the table and the medians show)."""
     out: dict[str, float] = {}
     out["utilisation while work waits (%)"] = 100 * num(m["utilisation_while_waiting"])
+    out["  the same, nodes held by the scheduler (%)"] = 100 * num(
+        m.get("utilisation_held_while_waiting", float("nan"))
+    )
     out["  idle then, a waiting job fit (%)"] = 100 * num(m["idle_while_waiting_job_fits"])
     out["  idle then, no waiting job fit (%)"] = 100 * num(m["idle_while_waiting_none_fits"])
     hand = m["handover_s"]
@@ -461,10 +465,10 @@ def main() -> int:
     load_medians: dict[str, list[float]] = {s: [] for s in sides}
     failed = False
 
-    def measure(rep: Replay, run: int, wall_s: float) -> None:
+    def measure(rep: Replay, run: int, wall_s: float, work: Path) -> None:
         nonlocal failed
         side = rep.side
-        m = replay_metrics(rep.outcomes, params, rep.end_t, side_grace(side))
+        m = replay_metrics(rep.outcomes, params, rep.end_t, side_grace(side), holds_of(work))
         m["load_1min"] = {"min": min(rep.load, default=math.nan),
                           "median": statistics.median(rep.load) if rep.load else math.nan,
                           "max": max(rep.load, default=math.nan)}  # fmt: skip
@@ -485,7 +489,7 @@ def main() -> int:
         for work in sorted(root.glob("run*-*")):
             if (work / "replay.json").exists() and work.name.split("-", 1)[1] in sides:
                 rep, wall = load_replay(work, trace)
-                measure(rep, int(work.name[3:].split("-")[0]), wall)
+                measure(rep, int(work.name[3:].split("-")[0]), wall, work)
         runs = max((len(v) for v in per_side.values()), default=0)
     for run in range(0 if args.reanalyse else runs):
         order = sides[run % len(sides) :] + sides[: run % len(sides)]
@@ -499,7 +503,7 @@ def main() -> int:
                 rep = replay_slurm(side, trace, params, work)
             wall = time.monotonic() - t0
             rep.save(work / "replay.json", wall)
-            measure(rep, run + 1, wall)
+            measure(rep, run + 1, wall, work)
     summary = {
         side: {
             label: median_range([figures(m, params)[label] for m in ms])
