@@ -7,7 +7,8 @@ Per hand-over (node N, job A's attempt ends, job B's attempt is the next to run 
 placement came less than ``--within`` seconds after A's end), the times, all on this
 machine's one clock:
 
-1. A's last log line (``benchmarks/workers/trace_job.py``) ->
+1. A's last log line (``benchmarks/workers/trace_job.py``; only rank 0 logs, so on a gang's
+   other nodes this is rank 0's, and the first hop may be negative there) ->
 2. the agent saw A's rank exit (``rank_exited.exited_at``: the watcher's ``wait()`` returned)
    -> (*process exit*: the interpreter's shutdown)
 3. the controller recorded that exit (the ``rank_exited`` event's time) -> (*report*: the
@@ -95,10 +96,11 @@ def handovers(run_dir: Path, within_s: float = 10.0) -> list[Handover]:
         if placed_t - recorded_t > within_s or to_job not in logs:
             continue
         spawn = spawned.get((to_job, to_attempt, node))
-        ended = [a for a in logs[job] if node in a.nodes and a.last_t <= exited_t + 1e-3]
+        # Only rank 0 logs: on another node, its rank's end is that attempt's nearest end.
+        ended = [a for a in logs[job] if node in a.nodes]
         if spawn is None or not ended:
             continue
-        last = max(ended, key=lambda a: a.last_t)
+        last = min(ended, key=lambda a: abs(a.last_t - exited_t))
         started = _attempt_of(logs[to_job], node, spawn - 1e-3)
         if started is None:
             continue
