@@ -11,6 +11,7 @@ from trainpod.scheduler.fifo import FifoScheduler
 from trainpod.testing import FakeGroup
 
 from .conftest import Cluster, MakeCluster
+from .healing import Make
 
 
 def _since(c: Cluster, after: int) -> list[Recorded]:
@@ -94,3 +95,22 @@ def test_a_failing_pass_after_the_exit_still_records_the_report(make_cluster: Ma
     assert c.controller.wakeup.is_set()  # the reconcile loop is due ...
     c.controller.step()  # ... and its pass places the job
     assert c.job(second).state == "starting"
+
+
+def test_a_job_in_recovery_gets_a_freed_node_before_the_queue(make: Make) -> None:
+    # As in a step: jobs waiting in recovery for a node are decided again first.
+    c = make(groups=[FakeGroup("workers", 3)])
+    hurt = c.submit(nodes=2, procs=1, auto_resume=True)
+    other = c.submit(nodes=1, procs=1)
+    c.start(hurt)
+    c.start(other)
+    assert c.nodes_of(other) == ["workers-2"]
+    c.agents["workers-1"].set_health("gpu", "fault", "XID 79")
+    c.agents["workers-1"].beat()
+    c.teardown(hurt)
+    assert c.job(hurt).state == "recovering"  # waiting for a node, holding workers-0
+    queued = c.submit(nodes=1, procs=1)
+    c.finish(other)  # frees workers-2, in that report
+    assert c.job(hurt).state == "starting"
+    assert c.nodes_of(hurt) == ["workers-0", "workers-2"]
+    assert c.job(queued).state == "queued"

@@ -390,11 +390,13 @@ class Controller:
             return self.orders.for_node(hb.node), self.wake.version
 
     def _schedule_now(self, now: float) -> None:
-        """A scheduling pass outside :meth:`step` (nodes were just freed). A pass that fails
-        leaves the report recorded: the reconcile loop (woken by the bump) tries again and
-        keeps the failure's count and backoff."""
+        """What :meth:`step` does with freed nodes, now: jobs in recovery that wait for
+        nodes first (as in the step), then a scheduling pass. One that fails leaves the
+        report recorded: the reconcile loop (woken by the bump) tries again and keeps the
+        failure's count and backoff."""
         try:
             with self.store.transaction():
+                self.executor.retry_waiting(now)
                 self._schedule(now)
         except Exception:
             log.exception("the scheduling pass after a node was freed failed; the loop retries")
