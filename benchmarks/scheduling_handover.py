@@ -18,6 +18,13 @@ machine's one clock:
    -> (*order delivery*: the long poll's answer)
 6. B's first log line (``start``) -> (*process start*: fork or interpreter start, imports)
 
+Then where the idle capacity goes while work waits (node-seconds over capacity, the same
+windows as the benchmark's utilisation): a node *held but not running* (placed, its job's
+rank 0 not between its first and last line: launch, start-up, exit, a gang's last rank),
+*free briefly* (under 0.5 s between release and the next placement: the scheduler's own
+hand-over) and *free longer* (no waiting job was given it: a gang waiting for more nodes, a
+reservation that backfill may not use, the classes' order).
+
 Pure reading of the kept files: the worker logs, ``controller.db`` (the event log, copied
 at the end of the replay) and the trace's job names (``trace<index>``).
 """
@@ -35,7 +42,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.benchkit import percentile  # noqa: E402
-from benchmarks.schedulingkit import Attempt, read_log  # noqa: E402
+from benchmarks.scheduling import load_replay  # noqa: E402
+from benchmarks.schedulingholds import trainpod_holds  # noqa: E402
+from benchmarks.schedulingkit import PARAMS, Attempt, make_trace, read_log  # noqa: E402
+from benchmarks.schedulingkit import waiting_intervals as waits_of  # noqa: E402
 
 HOPS = ("process exit", "report", "placement", "order delivery", "process start")
 
@@ -109,6 +119,61 @@ def handovers(run_dir: Path, within_s: float = 10.0) -> list[Handover]:
     return sorted(out, key=lambda h: h.last_line_t)
 
 
+Span = tuple[float, float]
+
+
+def _union(spans: list[Span]) -> list[Span]:
+    out: list[Span] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _minus(spans: list[Span], cut: list[Span]) -> list[Span]:
+    """``spans`` less ``cut`` (both disjoint and sorted)."""
+    out: list[Span] = []
+    for a, b in spans:
+        cur = a
+        for x, y in cut:
+            if y <= cur or x >= b:
+                continue
+            if x > cur:
+                out.append((cur, x))
+            cur = max(cur, y)
+        if cur < b:
+            out.append((cur, b))
+    return out
+
+
+def _inside(spans: list[Span], windows: list[Span]) -> float:
+    return sum(max(0.0, min(b, y) - max(a, x)) for a, b in spans for x, y in windows)
+
+
+def idle_breakdown(run_dir: Path, brief_s: float = 0.5) -> dict[str, float]:
+    """Idle capacity while work waits, by where it went (fractions of the capacity then)."""
+    rep, _ = load_replay(run_dir, make_trace(PARAMS))
+    windows = _union([(s, e) for s, e, _ in waits_of(rep.outcomes, rep.end_t)])
+    capacity = PARAMS.nodes * sum(b - a for a, b in windows)
+    holds = trainpod_holds(run_dir / "controller.db")
+    nodes = sorted({h.node for h in holds})
+    running: dict[str, list[Span]] = {n: [] for n in nodes}
+    for o in rep.outcomes:
+        for a in o.attempts:
+            for n in a.nodes:
+                running.setdefault(n, []).append((a.started_t, a.last_t))
+    out = {"held, not running": 0.0, "free briefly": 0.0, "free longer": 0.0}
+    for n in nodes:
+        held = _union([(h.start, rep.end_t if h.end is None else h.end) for h in holds
+                       if h.node == n])  # fmt: skip
+        out["held, not running"] += _inside(_minus(held, _union(running[n])), windows)
+        for a, b in _minus([(rep.started_t, rep.end_t)], held):
+            out["free briefly" if b - a < brief_s else "free longer"] += _inside([(a, b)], windows)
+    return {k: v / capacity for k, v in out.items()} if capacity else out
+
+
 def summary(hs: list[Handover]) -> dict[str, dict[str, float]]:
     cols = {h: [x.hops()[h] for x in hs] for h in HOPS}
     cols["total"] = [x.total_s for x in hs]
@@ -132,10 +197,13 @@ def main() -> int:
     for k, v in s.items():
         if v["n"]:
             print(f"{k:16} {v['p50'] * 1e3:8.1f} {v['p95'] * 1e3:8.1f} {v['mean'] * 1e3:8.1f}")
+    idle = {d: idle_breakdown(Path(d)) for d in args.run_dirs}
+    print("idle capacity while work waits (% of the capacity then):")
+    for d, parts in idle.items():
+        print(f"  {Path(d).name}: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in parts.items()))
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"summary": s, "handovers": [asdict(h) for h in hs]}, indent=1) + "\n"
-        )
+        out = {"summary": s, "idle_while_waiting": idle, "handovers": [asdict(h) for h in hs]}
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 
