@@ -1,7 +1,7 @@
 """Where a node's hand-over goes on trainpod: every hop between one job's end on a node and
 the next job's start there, from one kept replay (``benchmarks/scheduling.py --keep DIR``).
 
-    .venv/bin/python benchmarks/scheduling_handover.py DIR/run1-trainpod [--json OUT]
+    .venv/bin/python benchmarks/scheduling_handover.py DIR/run1-trainpod ... [--json OUT]
 
 Per hand-over (node N, job A's attempt ends, job B's attempt is the next to run there, B's
 placement came less than ``--within`` seconds after A's end), the times, all on this
@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.benchkit import percentile  # noqa: E402
 from benchmarks.scheduling import load_replay  # noqa: E402
-from benchmarks.schedulingholds import trainpod_holds  # noqa: E402
+from benchmarks.schedulingholds import holds_of  # noqa: E402
 from benchmarks.schedulingkit import PARAMS, Attempt, make_trace, read_log  # noqa: E402
 from benchmarks.schedulingkit import waiting_intervals as waits_of  # noqa: E402
 
@@ -157,7 +157,9 @@ def idle_breakdown(run_dir: Path, brief_s: float = 0.5) -> dict[str, float]:
     rep, _ = load_replay(run_dir, make_trace(PARAMS))
     windows = _union([(s, e) for s, e, _ in waits_of(rep.outcomes, rep.end_t)])
     capacity = PARAMS.nodes * sum(b - a for a, b in windows)
-    holds = trainpod_holds(run_dir / "controller.db")
+    holds = holds_of(run_dir)
+    if holds is None:
+        raise SystemExit(f"{run_dir}: neither controller.db nor slurmctld.log to read holds from")
     nodes = sorted({h.node for h in holds})
     running: dict[str, list[Span]] = {n: [] for n in nodes}
     for o in rep.outcomes:
@@ -186,13 +188,16 @@ def summary(hs: list[Handover]) -> dict[str, dict[str, float]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("run_dirs", nargs="+", help="kept trainpod replays (DIR/runN-trainpod)")
+    ap.add_argument(
+        "run_dirs", nargs="+", help="kept replays (DIR/runN-SIDE; the hops: trainpod's only)"
+    )
     ap.add_argument("--within", type=float, default=10.0, help="longest gap counted (s)")
     ap.add_argument("--json", help="write the hand-overs and the summary here")
     args = ap.parse_args()
-    hs = [h for d in args.run_dirs for h in handovers(Path(d), args.within)]
+    tp = [d for d in args.run_dirs if (Path(d) / "controller.db").exists()]
+    hs = [h for d in tp for h in handovers(Path(d), args.within)]
     s = summary(hs)
-    print(f"{len(hs)} hand-overs from {len(args.run_dirs)} replay(s); milliseconds:")
+    print(f"{len(hs)} hand-overs from {len(tp)} trainpod replay(s); milliseconds:")
     print(f"{'hop':16} {'p50':>8} {'p95':>8} {'mean':>8}")
     for k, v in s.items():
         if v["n"]:
