@@ -45,7 +45,9 @@ minimum); Slurm's ``--time`` has minute resolution (every job here declares unde
 so Slurm's backfill sees 1 minute each, trainpod's the seconds).
 
 Figures per replay: node utilisation while work waits (busy node-seconds over capacity,
-only while some job waits, from the workers' process start to their last line), its idle
+only while some job waits, from the workers' process start to their last line; and again
+with a node busy while the scheduler's own records say a job holds it,
+``benchmarks/schedulingholds.py``), its idle
 rest split by whether a waiting job would have fit the idle nodes, and the node hand-over
 (an attempt's end -> the next attempt's start on that node, gaps under 10 s); mean and
 p95 wait (submit -> first attempt's process start) per class; Jain's index of the teams'
