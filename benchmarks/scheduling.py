@@ -45,7 +45,9 @@ minimum); Slurm's ``--time`` has minute resolution (every job here declares unde
 so Slurm's backfill sees 1 minute each, trainpod's the seconds).
 
 Figures per replay: node utilisation while work waits (busy node-seconds over capacity,
-only while some job waits, from the workers' process start to their last line), its idle
+only while some job waits, from the workers' process start to their last line; and again
+with a node busy while the scheduler's own records say a job holds it,
+``benchmarks/schedulingholds.py``), its idle
 rest split by whether a waiting job would have fit the idle nodes, and the node hand-over
 (an attempt's end -> the next attempt's start on that node, gaps under 10 s); mean and
 p95 wait (submit -> first attempt's process start) per class; Jain's index of the teams'
@@ -64,6 +66,7 @@ import json
 import math
 import os
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -78,6 +81,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.benchkit import copy_logs  # noqa: E402
+from benchmarks.schedulingholds import holds_of  # noqa: E402
 from benchmarks.schedulingkit import (  # noqa: E402
     PARAMS,
     QUICK,
@@ -345,6 +349,9 @@ def replay_trainpod(
             c.close()
         admin.close()
         copy_logs(paths, work / "logs")
+        if paths.db.exists():  # the events, for timing each hop of a hand-over
+            with sqlite3.connect(paths.db) as src, sqlite3.connect(work / "controller.db") as dst:
+                src.backup(dst)
         if paths.record.exists():
             backend.delete(purge=True)
     return Replay("trainpod", outcomes_of(trace, submitted, jobs_dir), submitted, started,
@@ -373,6 +380,9 @@ def figures(m: dict[str, object], params: TraceParams) -> dict[str, float]:
     """The flat figures of one replay's metrics (what the table and the medians show)."""
     out: dict[str, float] = {}
     out["utilisation while work waits (%)"] = 100 * num(m["utilisation_while_waiting"])
+    out["  the same, nodes held by the scheduler (%)"] = 100 * num(
+        m.get("utilisation_held_while_waiting", float("nan"))
+    )
     out["  idle then, a waiting job fit (%)"] = 100 * num(m["idle_while_waiting_job_fits"])
     out["  idle then, no waiting job fit (%)"] = 100 * num(m["idle_while_waiting_none_fits"])
     hand = m["handover_s"]
@@ -458,10 +468,10 @@ def main() -> int:
     load_medians: dict[str, list[float]] = {s: [] for s in sides}
     failed = False
 
-    def measure(rep: Replay, run: int, wall_s: float) -> None:
+    def measure(rep: Replay, run: int, wall_s: float, work: Path) -> None:
         nonlocal failed
         side = rep.side
-        m = replay_metrics(rep.outcomes, params, rep.end_t, side_grace(side))
+        m = replay_metrics(rep.outcomes, params, rep.end_t, side_grace(side), holds_of(work))
         m["load_1min"] = {"min": min(rep.load, default=math.nan),
                           "median": statistics.median(rep.load) if rep.load else math.nan,
                           "max": max(rep.load, default=math.nan)}  # fmt: skip
@@ -482,7 +492,7 @@ def main() -> int:
         for work in sorted(root.glob("run*-*")):
             if (work / "replay.json").exists() and work.name.split("-", 1)[1] in sides:
                 rep, wall = load_replay(work, trace)
-                measure(rep, int(work.name[3:].split("-")[0]), wall)
+                measure(rep, int(work.name[3:].split("-")[0]), wall, work)
         runs = max((len(v) for v in per_side.values()), default=0)
     for run in range(0 if args.reanalyse else runs):
         order = sides[run % len(sides) :] + sides[: run % len(sides)]
@@ -496,7 +506,7 @@ def main() -> int:
                 rep = replay_slurm(side, trace, params, work)
             wall = time.monotonic() - t0
             rep.save(work / "replay.json", wall)
-            measure(rep, run + 1, wall)
+            measure(rep, run + 1, wall, work)
     summary = {
         side: {
             label: median_range([figures(m, params)[label] for m in ms])

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from benchmarks.benchkit import percentile
 
@@ -293,6 +293,17 @@ Interval = tuple[float, float, float]
 """(start, end, weight): e.g. nodes busy, or 1 for a waiting job."""
 
 
+class HoldLike(Protocol):
+    """A node held by a job (``benchmarks.schedulingholds.Hold``)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def start(self) -> float: ...
+    @property
+    def end(self) -> float | None: ...
+
+
 def waiting_intervals(
     outcomes: Sequence[JobOutcome], end_t: float, *, sized: bool = False
 ) -> list[Interval]:
@@ -321,6 +332,34 @@ def busy_intervals(outcomes: Sequence[JobOutcome], team: str | None = None) -> l
         for a in o.attempts
         if a.last_t > a.started_t
     ]
+
+
+def held_intervals(holds: Sequence[HoldLike], end_t: float) -> list[Interval]:
+    """Nodes held by jobs, one interval per node and hold (one never given back: to
+    ``end_t``), from the scheduler's records (``benchmarks/schedulingholds.py``)."""
+    return [(h.start, end_t if h.end is None else h.end, 1.0) for h in holds]
+
+
+def held_waiting_intervals(
+    outcomes: Sequence[JobOutcome], holds: Sequence[HoldLike], end_t: float
+) -> list[Interval]:
+    """:func:`waiting_intervals` with the scheduler's holds for attempts: a job waits from
+    its submission to its first hold, and from the end of a hold that did not finish it
+    (requeued) to the next."""
+    per_job: dict[int, dict[float, float]] = {}
+    for h in holds:
+        ends = per_job.setdefault(h.index, {})
+        ends[h.start] = max(ends.get(h.start, h.start), end_t if h.end is None else h.end)
+    out: list[Interval] = []
+    for o in outcomes:
+        since = o.submitted_t
+        for start, end in sorted(per_job.get(o.job.index, {}).items()):
+            if start > since:
+                out.append((since, start, 1.0))
+            since = end
+        if not o.done and since < end_t:
+            out.append((since, end_t, 1.0))
+    return out
 
 
 def _steps(intervals: Iterable[Interval]) -> list[tuple[float, float]]:
@@ -543,12 +582,26 @@ def within_target(p: Preemption, grace_s: float) -> bool:
 
 
 def replay_metrics(
-    outcomes: Sequence[JobOutcome], params: TraceParams, end_t: float, grace_s: float = 0.0
+    outcomes: Sequence[JobOutcome],
+    params: TraceParams,
+    end_t: float,
+    grace_s: float = 0.0,
+    holds: Sequence[HoldLike] | None = None,
 ) -> dict[str, object]:
     """Every figure of one replay, from its outcomes (identical for both sides); ``grace_s``:
-    the side's grace period, for the work-lost target."""
+    the side's grace period, for the work-lost target; ``holds``: when the scheduler gave
+    each node to each job and took it back (None: not recorded; the held figure is NaN)."""
     waiting = waiting_intervals(outcomes, end_t)
     busy = busy_intervals(outcomes)
+    held = (
+        float("nan")
+        if holds is None
+        else utilisation_while_waiting(
+            held_intervals(holds, end_t),
+            held_waiting_intervals(outcomes, holds, end_t),
+            params.nodes,
+        )
+    )
     idle = idle_while_waiting(busy, waiting_intervals(outcomes, end_t, sized=True), params.nodes)
     t0 = min(o.submitted_t for o in outcomes)
     finished = [o.finished_t for o in outcomes if o.finished_t is not None]
@@ -569,6 +622,7 @@ def replay_metrics(
         "completed": sum(o.done for o in outcomes),
         "makespan_s": (max(finished) - t0) if finished else float("nan"),
         "utilisation_while_waiting": utilisation_while_waiting(busy, waiting, params.nodes),
+        "utilisation_held_while_waiting": held,
         "idle_while_waiting_job_fits": idle[0],
         "idle_while_waiting_none_fits": idle[1],
         "handover_s": stats(handover_gaps(outcomes)),

@@ -242,17 +242,16 @@ def test_preempt_by_hand_notice_then_queued_as_preempted(
     assert kill.grace_s == cluster.cfg.teardown_grace_s  # SIGTERM -> SIGKILL, after the notice
 
     cluster.agents[node].exit_all(attempt, code=0)  # saved on the notice and exited
-    cluster.agents[node].beat()
-    info = client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()
-    assert (info["state"], info["reason"]) == ("preempted", "preempted: maintenance")
-    assert info["attempts"][0]["cause"] == "preempted"
-    kinds = [e["kind"] for e in client.get("/v1/events", headers=ADMIN).json()]
+    cluster.agents[node].beat()  # its node freed: the same report's pass places it again
+    events = client.get("/v1/events", headers=ADMIN).json()
+    kinds = [e["kind"] for e in events]
     assert "job_preempted" in kinds and "fault_detected" not in kinds
     assert "recovery_decision" not in kinds  # requeued: no restart used
-
-    cluster.controller.step()  # placed again, like a queued job
+    waited = [e["data"] for e in events if e["kind"] == "job_state"]
+    assert {"old": "stopping", "new": "preempted", "reason": "preempted: maintenance"} in waited
     info = client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()
-    assert (info["state"], len(info["attempts"])) == ("starting", 2)
+    assert info["attempts"][0]["cause"] == "preempted"
+    assert (info["state"], len(info["attempts"])) == ("starting", 2)  # like a queued job
     assert client.post("/v1/jobs/404/preempt", headers=ADMIN).status_code == 404
 
 
@@ -263,11 +262,16 @@ def test_a_preempted_job_waiting_in_the_queue_can_be_cancelled(
     attempt = cluster.start(first)
     cluster.controller.preempt(first, "make room")
     second = client.post("/v1/jobs", json={**JOB, "nodes": 2}, headers=ADMIN).json()["id"]
+    # One node drained: once its ranks end, the preempted job has nowhere to go and waits.
+    drain = {"action": "drain", "reason": "keep the job waiting"}
+    assert client.post("/v1/nodes/workers-1/actions", json=drain, headers=ADMIN).is_success
     for node in cluster.job(first).attempts[0].nodes:
         cluster.agents[node].kill_ranks(cluster.agents[node].beat())
         cluster.agents[node].beat()
     assert cluster.job(first).state == "preempted"
     r = client.post(f"/v1/jobs/{first}/cancel", headers=ADMIN)
     assert (r.status_code, r.json()["state"]) == (200, "cancelled")
+    resume = {"action": "resume", "reason": "done"}
+    assert client.post("/v1/nodes/workers-1/actions", json=resume, headers=ADMIN).is_success
     cluster.controller.step()
     assert cluster.job(second).state == "starting" and attempt != cluster.attempt_id(second)

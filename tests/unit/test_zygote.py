@@ -334,6 +334,70 @@ def test_threads_atexit_and_multiprocessing_in_a_warm_rank(
     assert run.log(a) == "fork [0, 1, 4, 9]\nspawn [0, 1, 4, 9]\nthread done\natexit ran\n"
 
 
+def test_the_servers_finalizers_do_not_run_at_a_warm_ranks_exit(
+    tmp_path: Path, short: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A preloaded module's weakref.finalize (torch makes one per operator library) belongs to
+    # the server: a rank that did not import the module itself would never run it.
+    (short / "tp_zfin.py").write_text(
+        "import weakref\n"
+        "class Lib:\n    pass\n"
+        "LIB = Lib()\n"
+        "weakref.finalize(LIB, print, 'server finalizer ran')\n"
+    )
+    path = os.pathsep.join([str(short), *filter(None, [os.environ.get("PYTHONPATH")])])
+    w = starter(short, {**os.environ, "PYTHONPATH": path}, ["tp_zfin"])
+    run = Run(w, tmp_path, caplog)
+    try:
+        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+        script = """\
+            import sys, weakref
+            class Mine:
+                pass
+            mine = Mine()
+            weakref.finalize(mine, print, "rank finalizer ran")
+            print("preloaded" if "tp_zfin" in sys.modules else "not preloaded", flush=True)
+        """
+        a = run.launch(["python", write(tmp_path / "fin.py", script)], PYTHONPATH=path)
+        assert run.how(a) == "warm start"
+        assert run.ended(a)[0].exit_code == 0, run.log(a)
+        assert run.log(a) == "preloaded\nrank finalizer ran\n"
+    finally:
+        run.launcher.kill_everything()
+        run.launcher.shutdown(1)
+        w.close()
+
+
+def test_a_preloaded_trainpod_reads_the_ranks_environment(
+    tmp_path: Path, short: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # trainpod is preloaded by default: its notice and beacon read the environment on their
+    # first call, in the rank, so each rank sees its own notice file, not the server's.
+    w = starter(short, {**os.environ, "TRAINPOD_NOTICE_FILE": str(short / "zyg")}, ["trainpod"])
+    run = Run(w, tmp_path, caplog)
+    try:
+        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+        script = """\
+            import os, sys
+            was = "trainpod" in sys.modules
+            import trainpod
+            if "--notice" in sys.argv:  # the file the launcher gave this rank
+                open(os.environ["TRAINPOD_NOTICE_FILE"], "w").close()
+            print(was, trainpod.preempted(), flush=True)
+        """
+        argv = ["python", write(tmp_path / "n.py", script)]
+        a = run.launch([*argv, "--notice"])
+        b = run.launch(argv)
+        assert (run.how(a), run.how(b)) == ("warm start", "warm start")
+        for attempt in (a, b):
+            assert run.ended(attempt)[0].exit_code == 0, run.log(attempt)
+        assert (run.log(a), run.log(b)) == ("True True\n", "True False\n")
+    finally:
+        run.launcher.kill_everything()
+        run.launcher.shutdown(1)
+        w.close()
+
+
 def test_a_dead_zygote_means_cold_starts_until_it_is_back(
     tmp_path: Path, short: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -28,7 +28,10 @@ from trainpod.agent.zygote import READY, Plan
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PRELOAD = ("torch", "torch.distributed")
+# trainpod itself too (its beacon, notice and checkpoint modules read the environment on
+# their first call, never at import, so the server's values do not leak into a rank): a rank
+# that reports progress or watches for the preemption notice no longer imports it per start.
+DEFAULT_PRELOAD = ("torch", "torch.distributed", "trainpod")
 # Read by the interpreter or by the preloaded libraries when they load: a rank that needs
 # other values than the zygote's must start cold. PYTHONPATH and PYTHONUNBUFFERED are applied
 # in the child; PYTHONBREAKPOINT is read at each breakpoint(), PYTHONSTARTUP only by a shell.

@@ -18,7 +18,12 @@ Contract of the child, so that a warm rank is indistinguishable from a cold one:
 * the exit status follows ``SystemExit``, an uncaught exception (traceback in the log,
   status 1) or ``KeyboardInterrupt`` (death by SIGINT), after non-daemon threads and
   ``atexit`` handlers ran. The child also writes its own status on the connection before
-  exiting, so the agent still learns it if this server has died meanwhile.
+  exiting, so the agent still learns it if this server has died meanwhile. The
+  ``weakref.finalize`` objects it inherited are the server's, not the rank's: they do not
+  run at the rank's exit (torch makes one per operator library, 134 of them, and running
+  them took ~40 ms of every warm rank's exit on a quiet box; a rank that never imported
+  those modules would not run them either, and a ``TemporaryDirectory`` of the server's
+  is not the rank's to remove). Those the rank makes run as usual.
 
 Variables read at interpreter start or preload time (``PYTHON*``, ``OMP_*``, ``LD_*`` ...)
 cannot change after the fact: the agent sends a rank whose values differ to a cold start.
@@ -47,6 +52,7 @@ import sys
 import threading
 import traceback
 import types
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
@@ -254,6 +260,7 @@ def _become(
         sys.modules["torch"].default_generator.seed()
     if "multiprocessing.process" in sys.modules:
         sys.modules["multiprocessing.process"].current_process().authkey = os.urandom(32)
+    _disown_finalizers()
     code = _run(p)
     _finalize()
     _send(conn, _status(code, "rank"))
@@ -349,6 +356,13 @@ def _print_uncaught() -> None:
         sys.excepthook(etype, value.with_traceback(tb), tb)
     except BaseException:
         traceback.print_exc()
+
+
+def _disown_finalizers() -> None:
+    """Keep the server's ``weakref.finalize`` objects from running at the rank's exit."""
+    registry: dict[weakref.finalize[Any, Any], Any] = getattr(weakref.finalize, "_registry", {})
+    for fin in list(registry):
+        fin.atexit = False
 
 
 def _finalize() -> None:

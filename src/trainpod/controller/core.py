@@ -391,17 +391,37 @@ class Controller:
 
     # -- agents ---------------------------------------------------------------------------
     def beat(self, hb: Heartbeat) -> tuple[Orders, int]:
-        """Record an agent's report; its orders now and the version they were made at."""
+        """Record an agent's report; its orders now and the version they were made at.
+
+        A report that gave nodes back (an attempt ended) runs the scheduling pass at once,
+        here: the next job is placed before this reply is sent, so the reporting node gets
+        its launch order in the reply and the others' parked polls are woken with theirs,
+        without waiting for the reconcile loop to come round."""
         with self._lock:
-            before = self.store.appended
+            before, freed = self.store.appended, self.tx.released
+            now = self.clock.now()
             with self.store.transaction():
-                self.intake.apply(hb, self.clock.now())
+                self.intake.apply(hb, now)
             if self.store.appended != before:
                 # Something happened (every change writes an event): wake the loop and the
                 # parked polls. A beat that only says "still here" wakes nobody, or a
                 # thousand agents would each wake the thousand others every second.
                 self.wake.bump()
+            if self.tx.released != freed:
+                self._schedule_now(now)
             return self.orders.for_node(hb.node), self.wake.version
+
+    def _schedule_now(self, now: float) -> None:
+        """What :meth:`step` does with freed nodes, now: jobs in recovery that wait for
+        nodes first (as in the step), then a scheduling pass. One that fails leaves the
+        report recorded: the reconcile loop (woken by the bump) tries again and keeps the
+        failure's count and backoff."""
+        try:
+            with self.store.transaction():
+                self.executor.retry_waiting(now)
+                self._schedule(now)
+        except Exception:
+            log.exception("the scheduling pass after a node was freed failed; the loop retries")
 
     def orders_for(self, node: str) -> tuple[Orders, int]:
         with self._lock:

@@ -49,6 +49,8 @@ class Transitions:
         self.wake = wake
         self._ports = ports
         self._order = {d.name: i for i, d in enumerate(config.nodes)}
+        self.released = 0
+        """Nodes given back so far: a caller compares it before and after a change."""
 
     # -- lookups ----------------------------------------------------------------------------
     def job(self, job_id: int) -> JobRow:
@@ -181,6 +183,7 @@ class Transitions:
             else:
                 self.store.update_node(name, now, job_id=None)
             self.store.append(now, NodeReleased(node=name, job_id=job_id))
+            self.released += 1
 
     def release_all(self, job_id: int, now: float) -> None:
         self.release_nodes(job_id, self.held_nodes(job_id), now)
