@@ -114,3 +114,44 @@ def test_a_job_in_recovery_gets_a_freed_node_before_the_queue(make: Make) -> Non
     assert c.job(hurt).state == "starting"
     assert c.nodes_of(hurt) == ["workers-0", "workers-2"]
     assert c.job(queued).state == "queued"
+
+
+def test_in_a_batch_of_beats_the_exit_report_places_the_next_job(
+    make_cluster: MakeCluster,
+) -> None:
+    """The API serves beats in batches (:meth:`Controller.serve`, one transaction): the pass
+    the exit report runs joins that transaction and the launch is in the batch's replies."""
+    c = make_cluster(groups=[FakeGroup("workers", 2)])
+    c.up()
+    first = c.submit(nodes=1, procs=1)
+    second = c.submit(nodes=1, procs=1)
+    attempt = c.start(first)
+    (node,) = c.job(first).attempts[-1].nodes
+    done = c.agents[node]
+    (idle,) = [a for name, a in c.agents.items() if name != node]
+    done.exit_all(attempt)
+    replies = c.controller.serve([done.heartbeat(), idle.node])
+    assert not any(isinstance(r, Exception) for r in replies), replies
+    placed = c.job(second)
+    assert (c.job(first).state, placed.state) == ("completed", "starting")
+    (launched_on,) = placed.attempts[-1].nodes
+    orders = {done.node: replies[0], idle.node: replies[1]}[launched_on]
+    assert not isinstance(orders, Exception)
+    assert [launch.job_id for launch in orders[0].launch] == [second]
+
+
+def test_a_failing_pass_in_a_batch_keeps_the_beats(make_cluster: MakeCluster) -> None:
+    sched = _FailsOnce()
+    c = make_cluster(groups=[FakeGroup("workers", 1)], scheduler=sched)
+    c.up()
+    first = c.submit(nodes=1, procs=1)
+    second = c.submit(nodes=1, procs=1)
+    attempt = c.start(first)
+    agent = c.agents["workers-0"]
+    agent.exit_all(attempt)
+    sched.arm()
+    (reply,) = c.controller.serve([agent.heartbeat()])
+    assert not isinstance(reply, Exception) and reply[0].launch == []
+    assert (c.job(first).state, c.job(second).state) == ("completed", "queued")
+    c.controller.step()  # the reconcile loop's pass places it
+    assert c.job(second).state == "starting"

@@ -415,9 +415,11 @@ class Controller:
         """What :meth:`step` does with freed nodes, now: jobs in recovery that wait for
         nodes first (as in the step), then a scheduling pass. One that fails leaves the
         report recorded: the reconcile loop (woken by the bump) tries again and keeps the
-        failure's count and backoff."""
+        failure's count and backoff. Inside a batch of beats (:meth:`serve`) the pass joins
+        the batch's transaction: its savepoint undoes a failed pass's writes and keeps the
+        beat's."""
         try:
-            with self.store.transaction():
+            with self.store.transaction(), self.store.savepoint():
                 self.executor.retry_waiting(now)
                 self._schedule(now)
         except Exception:
