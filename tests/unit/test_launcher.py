@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from trainpod.agent.launcher import Launcher
+from trainpod.agent.launcher import Launcher, RankProcess
 from trainpod.api.models import LaunchOrder, RankReport, RankSlot
 from trainpod.testing.wait import wait_until
 
@@ -57,3 +57,39 @@ def test_a_killed_attempt_reports_the_signal_of_each_rank(tmp_path: Path) -> Non
         ] * 2
     finally:
         launcher.kill_everything()
+
+
+def test_an_attempt_whose_first_rank_ended_and_was_acknowledged_still_reports_the_rest(
+    tmp_path: Path,
+) -> None:
+    """The reporter may send (and the controller acknowledge) rank 0's exit while rank 1 is
+    still being spawned; the attempt must stay until rank 1's exit is reported too."""
+    launcher = Launcher(node_env={}, on_change=lambda: None)
+    spawn = launcher._spawn
+    acknowledged: list[list[int]] = []
+
+    def spawn_then_report(order: LaunchOrder, rp: RankProcess) -> None:
+        spawn(order, rp)
+        if rp.rank == 0:  # what the reporter thread does between two spawns
+            wait_until(
+                lambda: launcher.reports()[0].ranks[0].state == "exited",
+                what="rank 0 to end",
+            )
+            reports = launcher.reports()
+            acknowledged.append([r.rank for r in reports[0].ranks])
+            launcher.delivered(reports)
+
+    launcher._spawn = spawn_then_report  # type: ignore[method-assign]
+    order = LaunchOrder(
+        attempt_id=1,
+        job_id=1,
+        attempt_number=1,
+        argv=["true"],
+        workdir=str(tmp_path),
+        env={},
+        ranks=[RankSlot(rank=r, local_rank=r) for r in range(2)],
+        log_dir=str(tmp_path / "attempt-1"),
+    )
+    assert launcher.launch(order)
+    assert acknowledged == [[0, 1]]
+    assert [(r.rank, r.exit_code) for r in _ended(launcher, 1)] == [(0, 0), (1, 0)]

@@ -174,17 +174,26 @@ class Launcher:
     # -- launching ----------------------------------------------------------------------
     def launch(self, order: LaunchOrder) -> bool:
         """Start the node's ranks of an attempt. Idempotent: returns False if seen before."""
+        log_dir = Path(order.log_dir)
+        # Every rank is in the attempt before the first one starts: a report sent while a
+        # later rank is still being spawned lists it (running, no pid yet), so an attempt
+        # whose first ranks have ended and been acknowledged is never taken for finished.
+        ranks = [
+            RankProcess(slot.rank, slot.local_rank, log_path=log_dir / f"rank-{slot.rank}.log")
+            for slot in order.ranks
+        ]
         with self._lock:
             if order.attempt_id in self._seen:
                 return False
             self._seen.add(order.attempt_id)
-            run = AttemptRun(order)
+            run = AttemptRun(order, ranks)
             self._runs[order.attempt_id] = run
-        log_dir = Path(order.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
-        for slot in order.ranks:
-            rp = RankProcess(slot.rank, slot.local_rank, log_path=log_dir / f"rank-{slot.rank}.log")
-            run.ranks.append(rp)
+        for rp in ranks:
+            with self._lock:
+                if run.killing:  # stopped while its first ranks started: never start the rest
+                    rp.signal, rp.ended_at = signal.SIGKILL, time.time()
+                    continue
             self._spawn(order, rp)
         self._on_change()
         return True
