@@ -7,8 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
-from trainpod.api.models import EventInfo, JobInfo, NodeInfo, Orders
+from trainpod.api.app import create_app
+from trainpod.api.models import ClusterInfo, EventInfo, JobInfo, NodeInfo, Orders
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.core import Controller
 from trainpod.controller.external import Scheduling
@@ -20,6 +23,8 @@ from trainpod.store.repo import Store
 from trainpod.testing import FakeAgent, FakeClock, FakeGroup, make_config
 
 PORT = 29500
+ADMIN_TOKEN = "admin-secret"
+AGENT_TOKEN = "agent-secret"
 
 
 class Cluster:
@@ -69,6 +74,29 @@ class Cluster:
     def close(self) -> None:
         self.controller.store.close()
 
+    # -- serving ----------------------------------------------------------------------------
+    def app(self) -> FastAPI:
+        """The controller's real HTTP app, with the operator's and the agents' tokens
+        (``ADMIN_TOKEN``, ``AGENT_TOKEN``) and this cluster's facts for ``/v1/cluster``."""
+        return create_app(
+            self.controller, admin_token=ADMIN_TOKEN, agent_token=AGENT_TOKEN, info=self.info
+        )
+
+    def info(self) -> ClusterInfo:
+        nodes, jobs = self.controller.counts()
+        return ClusterInfo(
+            name=self.cfg.cluster,
+            backend=self.cfg.backend,
+            controller_pid=1,
+            started_at=self.controller.started_at,
+            nodes=nodes,
+            jobs=jobs,
+            partitions=self.cfg.partitions,
+            shared_dir=str(self.cfg.shared_dir),
+            scratch_root=str(self.cfg.scratch_root),
+            checkpoint_uri=self.cfg.checkpoint_uri,
+        )
+
     # -- acting ---------------------------------------------------------------------------
     def up(self, *names: str) -> None:
         """Register the agents (default: all) with their lifecycle done."""
@@ -115,6 +143,20 @@ class Cluster:
             if (kind is None or e.kind == kind)
             and all(getattr(e, k, e.data.get(k)) == v for k, v in match.items())
         ]
+
+
+def issue_tokens(http: TestClient, *users: str) -> dict[str, str]:
+    """Each user's bearer token, issued by the operator through ``POST /v1/users``."""
+    tokens = {}
+    for name in users:
+        r = http.post("/v1/users", json={"name": name}, headers=bearer(ADMIN_TOKEN))
+        assert r.status_code == 201, r.text
+        tokens[name] = str(r.json()["token"])
+    return tokens
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
 
 
 def _port(host: str) -> int:

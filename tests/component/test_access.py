@@ -15,14 +15,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from trainpod.api.app import create_app
-from trainpod.api.models import ClusterInfo
 from trainpod.controller.access import HIDDEN
 from trainpod.controller.views import FROZEN_AFTER_S
 from trainpod.spec.sharing import PriorityClassSpec, TeamSpec, UserSpec
 from trainpod.testing import FakeClock, make_config
 
-from .conftest import Cluster
+from .conftest import Cluster, bearer, issue_tokens
 
 OPERATOR = {"Authorization": "Bearer admin-secret"}
 AGENT = {"Authorization": "Bearer agent-secret"}
@@ -64,31 +62,8 @@ def shared(tmp_path: Path) -> Iterator[Shared]:
     )
     cluster = Cluster(cfg, tmp_path / "state.db", FakeClock())
     cluster.up()
-
-    def info() -> ClusterInfo:
-        nodes, jobs = cluster.controller.counts()
-        return ClusterInfo(
-            name=cfg.cluster,
-            backend=cfg.backend,
-            controller_pid=1,
-            started_at=0.0,
-            nodes=nodes,
-            jobs=jobs,
-            partitions=cfg.partitions,
-            shared_dir="",
-            scratch_root="",
-            checkpoint_uri="",
-        )
-
-    app = create_app(
-        cluster.controller, admin_token="admin-secret", agent_token="agent-secret", info=info
-    )
-    with TestClient(app) as http:
-        tokens = {}
-        for name in ("alice", "bob", "carol"):
-            r = http.post("/v1/users", json={"name": name}, headers=OPERATOR)
-            assert r.status_code == 201, r.text
-            tokens[name] = {"Authorization": f"Bearer {r.json()['token']}"}
+    with TestClient(cluster.app()) as http:
+        tokens = {u: bearer(t) for u, t in issue_tokens(http, "alice", "bob", "carol").items()}
         yield Shared(cluster, http, tokens)
     cluster.close()
 

@@ -7,8 +7,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from trainpod.api.app import create_app
-from trainpod.api.models import ClusterInfo, Heartbeat, LifecycleStatus, Orders
+from trainpod.api.models import Heartbeat, LifecycleStatus, Orders
 
 from .conftest import Cluster
 
@@ -19,25 +18,7 @@ JOB = {"command": ["python", "train.py"], "nodes": 1, "procs_per_node": 1}
 
 @pytest.fixture
 def client(cluster: Cluster) -> Iterator[TestClient]:
-    def info() -> ClusterInfo:
-        nodes, jobs = cluster.controller.counts()
-        return ClusterInfo(
-            name=cluster.cfg.cluster,
-            backend=cluster.cfg.backend,
-            controller_pid=1,
-            started_at=cluster.controller.started_at,
-            nodes=nodes,
-            jobs=jobs,
-            partitions=cluster.cfg.partitions,
-            shared_dir=str(cluster.cfg.shared_dir),
-            scratch_root=str(cluster.cfg.scratch_root),
-            checkpoint_uri=cluster.cfg.checkpoint_uri,
-        )
-
-    app = create_app(
-        cluster.controller, admin_token="admin-secret", agent_token="agent-secret", info=info
-    )
-    with TestClient(app) as client:
+    with TestClient(cluster.app()) as client:
         yield client
 
 

@@ -13,8 +13,6 @@ import pytest
 from fastapi.testclient import TestClient
 from markupsafe import escape
 
-from trainpod.api.app import create_app
-from trainpod.api.models import ClusterInfo
 from trainpod.controller.access import Principal
 from trainpod.dashboard.auth import COOKIE
 from trainpod.dashboard.routes import HISTORY_PAGE, WAITING_SHOWN
@@ -23,7 +21,7 @@ from trainpod.spec.job import JobSpec
 from trainpod.spec.sharing import QuotaAmount, TeamSpec, UserSpec
 from trainpod.testing import FakeClock, FakeGroup, make_config
 
-from .conftest import Cluster
+from .conftest import ADMIN_TOKEN, Cluster, issue_tokens
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 
@@ -59,31 +57,8 @@ def dash(tmp_path: Path) -> Iterator[Dash]:
     )
     cluster = Cluster(cfg, tmp_path / "state.db", FakeClock())
     cluster.up()
-
-    def info() -> ClusterInfo:
-        nodes, jobs = cluster.controller.counts()
-        return ClusterInfo(
-            name=cfg.cluster,
-            backend=cfg.backend,
-            controller_pid=1,
-            started_at=0.0,
-            nodes=nodes,
-            jobs=jobs,
-            partitions=cfg.partitions,
-            shared_dir="",
-            scratch_root="",
-            checkpoint_uri="",
-        )
-
-    app = create_app(
-        cluster.controller, admin_token="admin-secret", agent_token="agent-secret", info=info
-    )
-    with TestClient(app, follow_redirects=False) as http:
-        tokens = {"admin": "admin-secret"}
-        for name in ("alice", "bob"):
-            r = http.post("/v1/users", json={"name": name}, headers=ADMIN)
-            assert r.status_code == 201, r.text
-            tokens[name] = r.json()["token"]
+    with TestClient(cluster.app(), follow_redirects=False) as http:
+        tokens = {"admin": ADMIN_TOKEN, **issue_tokens(http, "alice", "bob")}
         yield Dash(cluster, http, tokens)
     cluster.close()
 
