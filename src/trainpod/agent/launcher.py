@@ -39,6 +39,7 @@ from trainpod.agent.accounts import AccountError, RunAs, run_as
 from trainpod.agent.jobsockets import AccountSockets
 from trainpod.agent.warmstart import WarmProcess, WarmStarter
 from trainpod.api.models import AttemptReport, KillOrder, LaunchOrder, RankReport
+from trainpod.elastic import protocol as elastic_protocol
 from trainpod.errors import Fatal
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,8 @@ class Launcher:
         scratch = Path(self._node_env.get("TRAINPOD_SCRATCH_DIR", ".")) / f"job-{order.job_id}"
         job_env["TRAINPOD_JOB_SCRATCH_DIR"] = str(scratch)
         job_env[notice.ENV_FILE] = str(self._notice_file(order))
+        if job_env.get(elastic_protocol.ENV_RECOVERY) == elastic_protocol.IN_PROCESS:
+            job_env[elastic_protocol.ENV_FILE] = str(elastic_protocol.recover_file(scratch))
         env = {**os.environ, **job_env}
         rp.started_at = time.time()
         with rp.log_path.open("ab") as out:
