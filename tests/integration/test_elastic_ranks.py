@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from trainpod.agent.launcher import Launcher
+from trainpod.api.models import LaunchOrder, RankReport, RankSlot, RecoverOrder
 from trainpod.elastic import EXIT_RECOVERY_FAILED, Recover, recover_file, write_recover
 from trainpod.testing.wait import wait_until
 
@@ -140,13 +142,22 @@ def _logs(ranks: Ranks) -> str:
     return "\n".join(f"--- rank {r}\n{ranks.log(r)[-3000:]}" for r in range(WORLD))
 
 
-@pytest.mark.timeout(240)
-def test_killed_rank_recovers_in_process(ranks_factory: Any) -> None:
-    reference = ranks_factory("reference")
-    reference.start_all()
-    assert _finish(reference) == dict.fromkeys(range(WORLD), 0), _logs(reference)
-    undisturbed = reference.results()
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
+    """What every rank ends with when nothing goes wrong."""
+    reference = Ranks(tmp_path_factory.mktemp("reference"))
+    try:
+        reference.start_all()
+        assert _finish(reference) == dict.fromkeys(range(WORLD), 0), _logs(reference)
+        return reference.results()
+    finally:
+        reference.stop()
 
+
+@pytest.mark.timeout(240)
+def test_killed_rank_recovers_in_process(
+    ranks_factory: Any, undisturbed: dict[int, dict[str, Any]]
+) -> None:
     ranks = ranks_factory("faulty", extra=("--mark-at", "10", "--step-sleep", "0.05"))
     ranks.start_all()
     wait_until(lambda: ranks.marked(10), timeout_s=60, what="every rank past step 10")
@@ -213,3 +224,81 @@ def test_fault_during_recovery_is_recovered_by_a_newer_generation(ranks_factory:
         assert ranks.started[r] == [got[r]["pid"]]
         assert got[r]["generation"] == 2
     assert len({json.dumps(got[r]["params"]) for r in range(WORLD)}) == 1
+
+
+@pytest.mark.timeout(240)
+def test_the_agents_launcher_starts_only_the_killed_rank_and_tells_the_others(
+    tmp_path: Path, undisturbed: dict[int, dict[str, Any]]
+) -> None:
+    """The agent's half of ADR 0026 with the real launcher: a ``RecoverOrder`` writes the
+    message where the ranks look and starts the killed rank again in the same attempt."""
+    out = tmp_path / "out"
+    out.mkdir()
+    launcher = Launcher(node_env={"TRAINPOD_SCRATCH_DIR": str(tmp_path)}, on_change=lambda: None)
+    argv = [sys.executable, str(WORKER), "--steps", str(STEPS), "--out", str(out)]
+    env = {
+        "WORLD_SIZE": str(WORLD),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "TRAINPOD_RECOVERY": "in-process",
+        "OMP_NUM_THREADS": "1",
+    }
+    order = LaunchOrder(
+        attempt_id=5,
+        job_id=3,
+        attempt_number=1,
+        argv=[*argv, "--mark-at", "10", "--step-sleep", "0.05"],
+        workdir=str(tmp_path),
+        env=env,
+        ranks=[RankSlot(rank=r, local_rank=r) for r in range(WORLD)],
+        log_dir=str(tmp_path / "logs"),
+    )
+
+    def ranks() -> list[RankReport]:
+        (rep,) = launcher.reports()
+        return rep.ranks
+
+    def text() -> str:
+        return "\n".join(
+            (tmp_path / "logs" / f"rank-{r}.log").read_text(errors="replace")[-2000:]
+            for r in range(WORLD)
+        )
+
+    try:
+        assert launcher.launch(order)
+        wait_until(
+            lambda: all((out / f"at-10-rank-{r}").exists() for r in range(WORLD)),
+            timeout_s=60,
+            what="every rank past step 10",
+        )
+        before = {r.rank: r.pid for r in ranks()}
+        assert launcher.signal_rank(1, signal.SIGKILL) == 1
+        wait_until(lambda: ranks()[1].state == "exited", what="rank 1 to end")
+        recover = RecoverOrder(
+            attempt_id=5,
+            generation=1,
+            master_addr="127.0.0.1",
+            master_port=free_port(),
+            world_size=WORLD,
+            replaced=[1],
+            respawn=[1],
+            deadline_s=30,
+        )
+        assert launcher.recover(recover)
+        assert not launcher.recover(recover)  # the same generation twice: once
+
+        def all_ended() -> list[RankReport] | None:
+            now = ranks()
+            return now if all(r.state == "exited" for r in now) else None
+
+        done = wait_until(all_ended, timeout_s=120, what="every rank to end")
+        assert [r.exit_code for r in done] == [0] * WORLD, text()
+        got = {r: json.loads((out / f"rank-{r}.json").read_text()) for r in range(WORLD)}
+        assert {r: got[r]["pid"] for r in (0, 2, 3)} == {r: before[r] for r in (0, 2, 3)}
+        assert got[1]["pid"] == done[1].pid != before[1]
+        assert recover_file(tmp_path / "job-3").exists()
+        for r in range(WORLD):
+            assert got[r]["generation"] == 1
+            assert got[r]["params"] == undisturbed[r]["params"], text()
+    finally:
+        launcher.kill_everything()
