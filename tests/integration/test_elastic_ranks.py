@@ -302,3 +302,23 @@ def test_the_agents_launcher_starts_only_the_killed_rank_and_tells_the_others(
             assert got[r]["params"] == undisturbed[r]["params"], text()
     finally:
         launcher.kill_everything()
+
+
+@pytest.mark.timeout(240)
+def test_a_ddp_job_rebuilds_its_wrapper_in_the_new_group(ranks_factory: Any) -> None:
+    """DistributedDataParallel keeps the group it was built with: ``on_group`` builds it
+    again in every new group, and the replacement is rank 0, the store's host."""
+    reference = ranks_factory("ddp-reference", extra=("--ddp",))
+    reference.start_all()
+    assert _finish(reference) == dict.fromkeys(range(WORLD), 0), _logs(reference)
+    ranks = ranks_factory("ddp", extra=("--ddp", "--mark-at", "10", "--step-sleep", "0.05"))
+    ranks.start_all()
+    wait_until(lambda: ranks.marked(10), timeout_s=60, what="every rank past step 10")
+    ranks.kill(0)
+    ranks.recover(1, replaced=(0,))
+    assert _finish(ranks) == dict.fromkeys(range(WORLD), 0), _logs(ranks)
+    got, undisturbed = ranks.results(), reference.results()
+    for r in range(1, WORLD):
+        assert ranks.started[r] == [got[r]["pid"]]
+    for r in range(WORLD):
+        assert got[r]["params"] == undisturbed[r]["params"], _logs(ranks)

@@ -103,6 +103,7 @@ def run(
     wait_s: float = 60.0,
     backend: str = "gloo",
     env: Mapping[str, str] | None = None,
+    on_group: Callable[[], object] | None = None,
 ) -> RunResult:
     """Run ``step_fn(step)`` for ``step`` in ``[start_step, steps)`` on every rank.
 
@@ -110,7 +111,10 @@ def run(
     ``state_dict``/``load_state_dict``. ``timeout_s``: Gloo's timeout for one collective (a
     rank whose neighbour is alive but stuck learns of a fault only this late; it must be more
     than the worst wait at a collective). ``wait_s``: how long a rank that lost its group
-    waits for the agent's recover message. In a job without ``--recovery in-process`` this
+    waits for the agent's recover message. ``on_group``: called once every rank of a new
+    group holds the same state, before the first step in it (and after the first join):
+    what is bound to a process group is built there, e.g. ``DistributedDataParallel``
+    (its reducer keeps the group it was made with). In a job without ``--recovery in-process`` this
     is a plain loop over the default process group (created here from the environment
     unless it exists), and any error is raised as usual.
     """
@@ -122,6 +126,8 @@ def run(
     if e.get(ENV_RECOVERY) != IN_PROCESS:
         if not dist.is_initialized():
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        if on_group is not None:
+            on_group()
         for step in range(start_step, steps):
             step_fn(step)
         return RunResult(steps=steps, generation=0)
@@ -135,7 +141,7 @@ def run(
             "trainpod.elastic.run creates the process group itself with in-process recovery "
             "(it must be able to destroy and re-create it): remove init_process_group"
         )
-    loop = _Loop(step_fn, state, e, timeout_s=timeout_s, wait_s=wait_s)
+    loop = _Loop(step_fn, state, e, timeout_s=timeout_s, wait_s=wait_s, on_group=on_group)
     return loop.run(start_step, steps)
 
 
@@ -148,8 +154,10 @@ class _Loop:
         *,
         timeout_s: float,
         wait_s: float,
+        on_group: Callable[[], object] | None,
     ) -> None:
         self.step_fn = step_fn
+        self.on_group = on_group
         self.state = state
         self.rank = int(env["RANK"])
         self.world = int(env["WORLD_SIZE"])
@@ -176,6 +184,7 @@ class _Loop:
             self.result.recoveries.append(
                 Recovery(self.generation, start_step, step, source, "replacement", took, took)
             )
+        self._grouped()
         while step < steps:
             message = self.watch.poll()
             if message is not None:
@@ -210,6 +219,7 @@ class _Loop:
                 self._join(message.master_addr, message.master_port, deadline_s=message.deadline_s)
                 self.generation = self.watch.generation = message.generation
                 step, source = self._agree(failed_step)
+                self._grouped()
             except Exception as exc:  # a second fault while forming the group
                 last_error = f"re-joining generation {message.generation} failed: {_short(exc)}"
                 self._log(last_error)
@@ -226,6 +236,10 @@ class _Loop:
                 f"{source}) {done - t0:.3f}s after the fault (re-join {done - t1:.3f}s)"
             )
             return step
+
+    def _grouped(self) -> None:
+        if self.on_group is not None:
+            self.on_group()
 
     def _wait_message(self, since: float, why: str) -> Recover:
         deadline = since + self.wait_s

@@ -5,7 +5,7 @@ Each step's batch is a function of the step and the rank only, so a rolled-back 
 exactly what it did. Every rank writes ``<out>/rank-<r>.json`` at the end: its pid, the
 final loss on a fixed probe batch, the parameters, the steps it ran and its recoveries.
 
-``--steps N --out DIR [--step-sleep S] [--mark-at K]``: after step K the rank touches
+``--steps N --out DIR [--step-sleep S] [--mark-at K] [--ddp]``: after step K the rank touches
 ``<out>/at-<K>-rank-<r>`` (the test waits for it before injecting a fault).
 """
 
@@ -30,6 +30,7 @@ p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--mark-at", type=int, default=-1)
 p.add_argument("--timeout-s", type=float, default=5.0)
 p.add_argument("--wait-s", type=float, default=60.0)
+p.add_argument("--ddp", action="store_true", help="DistributedDataParallel, rebuilt per group")
 args = p.parse_args()
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -38,6 +39,13 @@ model = torch.nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 true_w = torch.arange(8, dtype=torch.float32) / 8
 ran: list[int] = []
+wrapped: list[torch.nn.Module] = [model]  # what the step runs: DDP(model) with --ddp
+
+
+def new_group() -> None:
+    """A DDP module is bound to its process group: a new group needs a new one."""
+    if args.ddp:
+        wrapped[0] = torch.nn.parallel.DistributedDataParallel(model)
 
 
 def batch(step: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,13 +56,14 @@ def batch(step: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def train_step(step: int) -> None:
     x, y = batch(step, rank)
-    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss = torch.nn.functional.mse_loss(wrapped[0](x), y)
     opt.zero_grad()
     loss.backward()
-    for param in model.parameters():
-        assert param.grad is not None
-        dist.all_reduce(param.grad)
-        param.grad /= world
+    if not args.ddp:  # DDP averages the gradients in backward
+        for param in model.parameters():
+            assert param.grad is not None
+            dist.all_reduce(param.grad)
+            param.grad /= world
     opt.step()
     ran.append(step)
     if step == args.mark_at:
@@ -69,6 +78,7 @@ result = elastic.run(
     steps=args.steps,
     timeout_s=args.timeout_s,
     wait_s=args.wait_s,
+    on_group=new_group,
 )
 probe_x, probe_y = batch(10**6, 0)
 with torch.no_grad():
