@@ -92,6 +92,7 @@ out = {
     "steps": result.steps,
     "generation": result.generation,
     "recoveries": [dataclasses.asdict(r) for r in result.recoveries],
+    "recover_file": os.environ.get("TRAINPOD_RECOVER_FILE", ""),
 }
 tmp = args.out / f".rank-{rank}.json.tmp"
 tmp.write_text(json.dumps(out))
