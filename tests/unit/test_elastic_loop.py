@@ -120,3 +120,24 @@ def test_which_errors_are_a_peers_fault() -> None:
     assert is_collective_error(dist.DistStoreError("wait timeout after 5000ms"))
     assert not is_collective_error(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not is_collective_error(ValueError("connection reset by peer"))  # not torch's
+
+
+def test_a_snapshot_is_a_copy_and_reuses_the_evicted_ones_buffers() -> None:
+    from trainpod.elastic.loop import _copy_state
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    state = {"model": model, "optim": opt}
+    first = _copy_state(state)
+    with torch.no_grad():
+        model.weight += 1
+    assert not torch.equal(first["model"]["weight"], model.weight)  # a copy, not a view
+    buffer = first["model"]["weight"]
+    second = _copy_state(state, reuse=first)
+    assert second["model"]["weight"] is buffer  # written into, not allocated
+    assert torch.equal(second["model"]["weight"], model.weight)
+    momentum = second["optim"]["state"][0]["momentum_buffer"]
+    assert torch.equal(momentum, opt.state[model.weight]["momentum_buffer"])
+    assert second["optim"]["param_groups"] == opt.state_dict()["param_groups"]
