@@ -326,7 +326,7 @@ def _copy_state(
     state: Mapping[str, Stateful], reuse: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, dict[str, Any]]:
     """A copy of every state dict; tensors copied into ``reuse``'s (an evicted snapshot) where
-    shapes match. 7x cheaper than ``copy.deepcopy`` for the GPT example (3.2 vs 22.6 ms)."""
+    shapes match: for the GPT example 4x cheaper than ``copy.deepcopy`` (3.7 vs 14.7 ms)."""
     return {key: _copy_into(obj.state_dict(), (reuse or {}).get(key)) for key, obj in state.items()}
 
 
