@@ -256,3 +256,19 @@ def test_a_preempted_job_waiting_in_the_queue_can_be_cancelled(
     assert client.post("/v1/nodes/workers-1/actions", json=resume, headers=ADMIN).is_success
     cluster.controller.step()
     assert cluster.job(second).state == "starting" and attempt != cluster.attempt_id(second)
+
+
+def test_in_process_recovery_is_stored_and_a_bad_mode_is_refused_naming_the_fix(
+    client: TestClient,
+) -> None:
+    body = {**JOB, "auto_resume": True, "recovery": "in-process"}
+    r = client.post("/v1/jobs", json=body, headers=ADMIN)
+    assert r.status_code == 201, r.text
+    shown = client.get(f"/v1/jobs/{r.json()['id']}", headers=ADMIN).json()
+    assert shown["spec"]["recovery"] == "in-process"
+    r = client.post("/v1/jobs", json={**JOB, "recovery": "in-process"}, headers=ADMIN)
+    assert r.status_code == 422
+    assert "needs --auto-resume" in r.text
+    r = client.post("/v1/jobs", json={**body, "recovery": "hot"}, headers=ADMIN)
+    assert r.status_code == 422
+    assert "use restart" in r.text

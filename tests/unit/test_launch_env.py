@@ -193,3 +193,9 @@ def test_node_env_matches_the_order(cfg: ControllerConfig) -> None:
     # the order adds the attempt's id: the address of its progress beacons
     assert launched.pop("TRAINPOD_ATTEMPT_ID").isdigit()
     assert env == launched
+
+
+def test_an_in_process_job_tells_its_ranks(cfg: ControllerConfig) -> None:
+    spec = JobSpec(command=["x"], auto_resume=True, recovery="in-process")
+    assert order(cfg, 0, spec).env["TRAINPOD_RECOVERY"] == "in-process"
+    assert "TRAINPOD_RECOVERY" not in order(cfg, 0).env  # restart: nothing changes

@@ -93,3 +93,24 @@ def test_an_attempt_whose_first_rank_ended_and_was_acknowledged_still_reports_th
     assert launcher.launch(order)
     assert acknowledged == [[0, 1]]
     assert [(r.rank, r.exit_code) for r in _ended(launcher, 1)] == [(0, 0), (1, 0)]
+
+
+def test_ranks_of_an_in_process_job_are_told_where_their_recover_file_is(tmp_path: Path) -> None:
+    """ADR 0026: one recover file per node and job, in the job's scratch directory."""
+    launcher = Launcher(node_env={"TRAINPOD_SCRATCH_DIR": str(tmp_path)}, on_change=lambda: None)
+    show = "import os; print(os.environ.get('TRAINPOD_RECOVER_FILE', 'none'), flush=True)"
+    for attempt, env in ((1, {"TRAINPOD_RECOVERY": "in-process"}), (2, {})):
+        order = LaunchOrder(
+            attempt_id=attempt,
+            job_id=4,
+            attempt_number=attempt,
+            argv=[sys.executable, "-c", show],
+            workdir=str(tmp_path),
+            env=env,
+            ranks=[RankSlot(rank=0, local_rank=0)],
+            log_dir=str(tmp_path / f"attempt-{attempt}"),
+        )
+        assert launcher.launch(order)
+        assert [r.exit_code for r in _ended(launcher, attempt)] == [0]
+    said = [(tmp_path / f"attempt-{a}" / "rank-0.log").read_text().strip() for a in (1, 2)]
+    assert said == [str(tmp_path / "job-4" / "recover.json"), "none"]

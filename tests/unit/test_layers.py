@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
     },
     {"trainpod.paths"},
     {"trainpod.spec"},
-    {"trainpod.api.models", "trainpod.store", "trainpod.ckpt"},
+    {"trainpod.api.models", "trainpod.store", "trainpod.ckpt", "trainpod.elastic"},
     {"trainpod.client", "trainpod.telemetry"},
     {"trainpod.agent", "trainpod.controller"},
     {"trainpod.dashboard"},

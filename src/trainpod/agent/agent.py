@@ -179,6 +179,13 @@ class Agent:
                 self._deep.order(orders.deep_check)
             if self._chaos is not None and orders.chaos:
                 self._chaos.execute(orders.chaos)
+            for recover in orders.recover:
+                if self.launcher.recover(recover):
+                    log.info(
+                        "order: recover attempt %d in process, generation %d",
+                        recover.attempt_id,
+                        recover.generation,
+                    )
             for launch in orders.launch:
                 if self._tensorboard is not None:  # before its ranks can send a beacon
                     self._tensorboard.watch(launch)

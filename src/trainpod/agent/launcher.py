@@ -38,7 +38,9 @@ from trainpod import notice, procutil
 from trainpod.agent.accounts import AccountError, RunAs, run_as
 from trainpod.agent.jobsockets import AccountSockets
 from trainpod.agent.warmstart import WarmProcess, WarmStarter
-from trainpod.api.models import AttemptReport, KillOrder, LaunchOrder, RankReport
+from trainpod.api.models import AttemptReport, KillOrder, LaunchOrder, RankReport, RecoverOrder
+from trainpod.elastic import protocol as elastic_protocol
+from trainpod.elastic.protocol import Recover
 from trainpod.errors import Fatal
 
 log = logging.getLogger(__name__)
@@ -130,6 +132,8 @@ class AgentRank:
 class RankProcess(AgentRank):
     log_path: Path = field(kw_only=True)
     proc: subprocess.Popen[bytes] | WarmProcess | None = None
+    again: dict[str, str] = field(default_factory=dict, kw_only=True)
+    """The variables of a rank started anew in its attempt (the new group's, ADR 0026)."""
 
     def _pid(self) -> int | None:
         return self.proc.pid if self.proc else None
@@ -143,6 +147,7 @@ class AttemptRun:
     order: LaunchOrder
     ranks: list[RankProcess] = field(default_factory=list)
     killing: bool = False
+    generation: int = 0  # the newest in-process recovery applied to it (ADR 0026)
 
     @property
     def running(self) -> bool:
@@ -199,7 +204,7 @@ class Launcher:
         return True
 
     def _spawn(self, order: LaunchOrder, rp: RankProcess) -> None:
-        job_env = {**order.env, **self._node_env}
+        job_env = {**order.env, **self._node_env, **rp.again}
         job_env.update(
             RANK=str(rp.rank),
             LOCAL_RANK=str(rp.local_rank),
@@ -211,6 +216,8 @@ class Launcher:
         scratch = Path(self._node_env.get("TRAINPOD_SCRATCH_DIR", ".")) / f"job-{order.job_id}"
         job_env["TRAINPOD_JOB_SCRATCH_DIR"] = str(scratch)
         job_env[notice.ENV_FILE] = str(self._notice_file(order))
+        if job_env.get(elastic_protocol.ENV_RECOVERY) == elastic_protocol.IN_PROCESS:
+            job_env[elastic_protocol.ENV_FILE] = str(elastic_protocol.recover_file(scratch))
         env = {**os.environ, **job_env}
         rp.started_at = time.time()
         with rp.log_path.open("ab") as out:
@@ -296,6 +303,66 @@ class Launcher:
             rp.signal,
         )
         self._on_change()
+
+    # -- in-process recovery ------------------------------------------------------------
+    def recover(self, order: RecoverOrder) -> bool:
+        """Publish a new generation to the attempt's ranks here and start this node's
+        replaced ranks again in it. Idempotent: False for a generation seen before, an
+        attempt not here or being stopped.
+
+        A rank to start again that still runs (hung, not dead) is killed first."""
+        with self._lock:
+            run = self._runs.get(order.attempt_id)
+            if run is None or run.killing or order.generation <= run.generation:
+                return False
+            run.generation = order.generation
+            respawn = [r for r in run.ranks if r.rank in order.respawn]
+        scratch = Path(self._node_env.get("TRAINPOD_SCRATCH_DIR", ".")) / f"job-{run.order.job_id}"
+        message = Recover(
+            generation=order.generation,
+            attempt_id=order.attempt_id,
+            master_addr=order.master_addr,
+            master_port=order.master_port,
+            world_size=order.world_size,
+            replaced=tuple(order.replaced),
+            deadline_s=order.deadline_s,
+        )
+        elastic_protocol.write_recover(elastic_protocol.recover_file(scratch), message)
+        again = {
+            "MASTER_ADDR": order.master_addr,
+            "MASTER_PORT": str(order.master_port),
+            elastic_protocol.ENV_GENERATION: str(order.generation),
+        }
+        for rp in respawn:
+            if self._ended(rp, timeout_s=order.deadline_s, again=again):
+                self._spawn(run.order, rp)
+            else:
+                log.warning("rank %d would not end: not started again", rp.rank)
+        log.info(
+            "attempt %d: generation %d on port %d, ranks started again here: %s",
+            order.attempt_id,
+            order.generation,
+            order.master_port,
+            [r.rank for r in respawn],
+        )
+        self._on_change()
+        return True
+
+    def _ended(self, rp: RankProcess, *, timeout_s: float, again: dict[str, str]) -> bool:
+        """Make ``rp`` (killed first if it still runs) ready to start anew with ``again``."""
+        if rp.running and rp.proc is not None:
+            _signal_group(rp, signal.SIGKILL)
+
+        def gone() -> bool:
+            return not rp.running
+
+        with self._exited:
+            if not self._exited.wait_for(gone, timeout=timeout_s):
+                return False
+            rp.ended_at = rp.exit_code = rp.signal = rp.proc = None
+            rp.delivered = False
+            rp.again = again
+        return True
 
     # -- stopping -----------------------------------------------------------------------
     def kill(self, attempt_id: int, grace_s: float, notice: Notice | None = None) -> bool:

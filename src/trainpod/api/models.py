@@ -193,6 +193,21 @@ class KillOrder(_Model):
     notice_grace_s: float = 0.0
 
 
+class RecoverOrder(_Model):
+    """Re-form an in-process-recovery attempt's process group (ADR 0026): publish the
+    recover message to the node's ranks, and start ``respawn`` (this node's ranks among
+    ``replaced``) again in the same attempt, with the new group's facts."""
+
+    attempt_id: int
+    generation: int = Field(ge=1)
+    master_addr: str
+    master_port: int = Field(gt=0, lt=65536)
+    world_size: int = Field(ge=1)
+    replaced: list[int] = Field(default_factory=list, description="every rank started fresh")
+    respawn: list[int] = Field(default_factory=list, description="of those, this node's")
+    deadline_s: float = Field(default=60.0, gt=0)
+
+
 class DeepCheckOrder(_Model):
     id: str
     timeout_s: float
@@ -219,6 +234,7 @@ class ChaosOrder(_Model):
 class Orders(_Model):
     launch: list[LaunchOrder] = Field(default_factory=list)
     kill: list[KillOrder] = Field(default_factory=list)
+    recover: list[RecoverOrder] = Field(default_factory=list)
     deep_check: DeepCheckOrder | None = None
     chaos: list[ChaosOrder] = Field(default_factory=list)
     heartbeat_interval_s: float = 1.0

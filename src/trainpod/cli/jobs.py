@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pydantic
 import typer
 
 from trainpod.api.devices import JobEnergy
@@ -56,6 +57,12 @@ def submit(
     workdir: Path = typer.Option(None, "--workdir", help="default: the current directory"),
     auto_resume: bool = typer.Option(False, "--auto-resume", help="recover from faults"),
     max_restarts: int = typer.Option(None, "--max-restarts"),
+    recovery: str = typer.Option(
+        "restart",
+        "--recovery",
+        help="restart (every rank starts again) or in-process (healthy ranks stay; needs "
+        "--auto-resume and a loop run by trainpod.elastic.run)",
+    ),
     min_nodes: int = typer.Option(None, "--min-nodes", help="may shrink to this on no spare"),
     hang_timeout_s: float = typer.Option(None, "--hang-timeout-s"),
     startup_timeout_s: float = typer.Option(None, "--startup-timeout-s"),
@@ -77,29 +84,34 @@ def submit(
     cluster: str = CLUSTER_OPT,
 ) -> None:
     """Submit a job: trainpod submit -N 2 -- python train.py --steps 100"""
-    spec = JobSpec(
-        spares=spares,
-        time_limit=time_limit,
-        nice=nice,
-        priority=priority,
-        dependency=dependency,
-        exclude=[x for x in (exclude or "").split(",") if x],
-        command=command,
-        name=name,
-        nodes=nodes,
-        procs_per_node=procs_per_node,
-        partition=partition,
-        env={**default_env(), **parse_env(env)},
-        workdir=str((workdir or Path.cwd()).absolute()),
-        user=getpass.getuser(),  # the controller makes the caller the owner whatever this says
-        priority_class=priority_class,
-        private=private,
-        auto_resume=auto_resume,
-        max_restarts=max_restarts,
-        min_nodes=min_nodes,
-        hang_timeout_s=hang_timeout_s,
-        startup_timeout_s=startup_timeout_s,
-    )
+    try:
+        spec = JobSpec(
+            spares=spares,
+            time_limit=time_limit,
+            nice=nice,
+            priority=priority,
+            dependency=dependency,
+            exclude=[x for x in (exclude or "").split(",") if x],
+            command=command,
+            name=name,
+            nodes=nodes,
+            procs_per_node=procs_per_node,
+            partition=partition,
+            env={**default_env(), **parse_env(env)},
+            workdir=str((workdir or Path.cwd()).absolute()),
+            user=getpass.getuser(),  # the controller makes the caller the owner whatever this says
+            priority_class=priority_class,
+            private=private,
+            auto_resume=auto_resume,
+            max_restarts=max_restarts,
+            recovery=recovery,  # checked by JobSpec, which names the choices
+            min_nodes=min_nodes,
+            hang_timeout_s=hang_timeout_s,
+            startup_timeout_s=startup_timeout_s,
+        )
+    except pydantic.ValidationError as exc:
+        why = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise SpecError(why) from None
     with client_for(cluster) as client:
         if dry_run:
             plan = client.plan(spec)
@@ -168,6 +180,8 @@ def print_job(job: JobInfo) -> None:
         f"  shape      {s.nodes} nodes x {s.procs_per_node} procs, partition {s.partition}"
     )
     console.print(f"  workdir    {s.workdir}")
+    if s.auto_resume:
+        console.print(f"  recovery   {s.recovery}")
     console.print(f"  runtime    {duration(job.started_at, job.ended_at)}")
     if job.reason:
         console.print(f"  reason     {job.reason}")

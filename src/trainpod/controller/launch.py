@@ -6,6 +6,7 @@ from pathlib import Path
 
 from trainpod.api.models import LaunchOrder, RankSlot
 from trainpod.controller.config import ControllerConfig
+from trainpod.elastic import protocol as elastic_protocol
 from trainpod.spec.job import JobSpec
 from trainpod.telemetry.tensorboard import ENV as TENSORBOARD_ENV
 from trainpod.telemetry.tensorboard import tensorboard_dir
@@ -95,6 +96,8 @@ def node_env(
     )
     if ckpt_dir is not None:
         env["TRAINPOD_CHECKPOINT_DIR"] = ckpt_dir
+    if spec.recovery == "in-process":  # the agent adds where its recover file is (ADR 0026)
+        env[elastic_protocol.ENV_RECOVERY] = elastic_protocol.IN_PROCESS
     return env
 
 

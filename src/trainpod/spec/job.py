@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -19,6 +20,9 @@ _RESERVED_ENV = (
     "MASTER_PORT",
     "TORCHELASTIC_RUN_ID",
 )
+
+RecoveryMode = Literal["restart", "in-process"]
+RECOVERY_MODES: tuple[RecoveryMode, ...] = ("restart", "in-process")
 
 
 class JobSpec(BaseModel):
@@ -52,6 +56,12 @@ class JobSpec(BaseModel):
     max_restarts: int | None = Field(
         default=None, ge=0, description="None = the cluster's recovery.max_restarts"
     )
+    recovery: RecoveryMode = Field(
+        default="restart",
+        description="how a fault is recovered: restart (every rank starts again) or in-process "
+        "(healthy ranks keep running and re-join the failed rank's replacement; the script "
+        "runs its loop with trainpod.elastic.run; ADR 0026)",
+    )
     min_nodes: int | None = Field(
         default=None, ge=1, description="continue on this many nodes when no spare is left"
     )
@@ -79,6 +89,31 @@ class JobSpec(BaseModel):
         description="an allocation held by `trainpod alloc` (embedded: hold processes, its "
         "shell and `trainpod run` steps; Slurm: salloc), not a batch job",
     )
+
+    @field_validator("recovery", mode="before")
+    @classmethod
+    def _known_recovery(cls, value: object) -> object:
+        if value not in RECOVERY_MODES:
+            raise ValueError(
+                f"--recovery {value!r} is not a recovery mode; use restart (the default: every "
+                "rank starts again) or in-process (healthy ranks stay; the script runs its loop "
+                "with trainpod.elastic.run)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _in_process_needs_resume(self) -> JobSpec:
+        if self.recovery == "in-process" and not self.auto_resume:
+            raise ValueError(
+                "--recovery in-process needs --auto-resume: a rank that cannot recover in "
+                "process falls back to a full restart; add --auto-resume"
+            )
+        if self.recovery == "in-process" and self.interactive:
+            raise ValueError(
+                "--recovery in-process is for batch jobs; an allocation (trainpod alloc) "
+                "has no training loop to recover: leave --recovery out"
+            )
+        return self
 
     @field_validator("time_limit")
     @classmethod

@@ -1,0 +1,354 @@
+"""``trainpod.elastic.run``: a training loop whose healthy ranks survive a peer's fault.
+
+See ADR 0026. Per step: look at the recover file (one ``stat``), keep a copy of the state
+(the last two), run the user's step. When a collective fails (a peer died, or Gloo's
+timeout ran out) or a newer recover message appears, the rank destroys the process group,
+waits for the message, joins the new group on the new store, agrees with the others on the
+newest step every rank holds, takes that state from the lowest rank holding it (broadcast
+over the new group: data parallel, one copy fits all) and runs on from there.
+
+Gloo on CPU. NCCL's abort and re-init is the next slice: ``backend="nccl"`` is refused with
+in-process recovery until then.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from trainpod.elastic.protocol import (
+    ENV_FILE,
+    ENV_GENERATION,
+    ENV_RECOVERY,
+    EXIT_RECOVERY_FAILED,
+    IN_PROCESS,
+    Recover,
+    RecoverWatch,
+)
+
+_POLL_S = 0.02  # how often a rank that lost its group looks for the recover message
+_COLLECTIVE_WORDS = ("gloo", "nccl", "connection closed", "connection reset", "timed out")
+
+
+class Stateful(Protocol):
+    """What ``torch.distributed.checkpoint`` calls Stateful: a model, an optimizer, …"""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any], /) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One in-process recovery as this rank saw it."""
+
+    generation: int
+    failed_step: int  # the step that was running (or about to run) when the fault showed
+    resumed_step: int  # the step every rank went on from (its state: the start of that step)
+    source: int  # the rank whose state everyone loaded
+    cause: str
+    seconds: float  # from the fault to the new group agreeing on the state
+    rejoin_s: float  # of which: the new store and process group
+
+
+@dataclass
+class RunResult:
+    steps: int  # the step count reached (== ``steps`` when it ran to the end)
+    generation: int
+    recoveries: list[Recovery] = field(default_factory=list)
+
+
+class RecoveryFailed(SystemExit):
+    """The rank could not re-join in process: it exits with code 75 and the job falls back to
+    a full restart. The reason is printed on stderr (the rank log's last line)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(EXIT_RECOVERY_FAILED)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    step: int  # the state at the start of this step
+    state: dict[str, dict[str, Any]]
+
+
+def is_collective_error(exc: BaseException) -> bool:
+    """An error of a collective or of the store (a peer's fault), not of the step's own code."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(w in text for w in _COLLECTIVE_WORDS)
+
+
+def run(
+    step_fn: Callable[[int], object],
+    state: Mapping[str, Stateful],
+    *,
+    steps: int,
+    start_step: int = 0,
+    timeout_s: float = 10.0,
+    wait_s: float = 60.0,
+    backend: str = "gloo",
+    env: Mapping[str, str] | None = None,
+    on_group: Callable[[], object] | None = None,
+) -> RunResult:
+    """Run ``step_fn(step)`` for ``step`` in ``[start_step, steps)`` on every rank.
+
+    ``state``: everything a step changes (model, optimizer, scheduler), as objects with
+    ``state_dict``/``load_state_dict``. ``timeout_s``: Gloo's timeout for one collective (a
+    rank whose neighbour is alive but stuck learns of a fault only this late; it must be more
+    than the worst wait at a collective). ``wait_s``: how long a rank that lost its group
+    waits for the agent's recover message. ``on_group``: called once every rank of a new
+    group holds the same state, before the first step in it (and after the first join):
+    what is bound to a process group is built there, e.g. ``DistributedDataParallel``
+    (its reducer keeps the group it was made with). In a job without ``--recovery in-process`` this
+    is a plain loop over the default process group (created here from the environment
+    unless it exists), and any error is raised as usual.
+    """
+    e = os.environ if env is None else env
+    if steps < start_step:
+        raise ValueError(f"steps ({steps}) is less than start_step ({start_step})")
+    if timeout_s <= 0 or wait_s <= 0:
+        raise ValueError(f"timeout_s ({timeout_s}) and wait_s ({wait_s}) must be positive")
+    if e.get(ENV_RECOVERY) != IN_PROCESS:
+        if not dist.is_initialized():
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        if on_group is not None:
+            on_group()
+        for step in range(start_step, steps):
+            step_fn(step)
+        return RunResult(steps=steps, generation=0)
+    if backend != "gloo":
+        raise ValueError(
+            f"in-process recovery supports the gloo backend in this version, not {backend!r}: "
+            "pass backend='gloo' or submit without --recovery in-process"
+        )
+    if dist.is_initialized():
+        raise RuntimeError(
+            "trainpod.elastic.run creates the process group itself with in-process recovery "
+            "(it must be able to destroy and re-create it): remove init_process_group"
+        )
+    loop = _Loop(step_fn, state, e, timeout_s=timeout_s, wait_s=wait_s, on_group=on_group)
+    return loop.run(start_step, steps)
+
+
+class _Loop:
+    def __init__(
+        self,
+        step_fn: Callable[[int], object],
+        state: Mapping[str, Stateful],
+        env: Mapping[str, str],
+        *,
+        timeout_s: float,
+        wait_s: float,
+        on_group: Callable[[], object] | None,
+    ) -> None:
+        self.step_fn = step_fn
+        self.on_group = on_group
+        self.state = state
+        self.rank = int(env["RANK"])
+        self.world = int(env["WORLD_SIZE"])
+        self.timeout_s = timeout_s
+        self.wait_s = wait_s
+        path = env.get(ENV_FILE)
+        self.generation = int(env.get(ENV_GENERATION, "0") or 0)
+        self.watch = RecoverWatch(Path(path) if path else None, self.generation)
+        self.addr = env["MASTER_ADDR"]
+        self.port = int(env["MASTER_PORT"])
+        self.snapshots: deque[_Snapshot] = deque(maxlen=2)
+        self.store: dist.TCPStore | None = None
+        self.result = RunResult(steps=0, generation=self.generation)
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self, start_step: int, steps: int) -> RunResult:
+        step = start_step
+        self._join(self.addr, self.port, deadline_s=self.wait_s)
+        if self.generation > 0:  # a replacement: take the state from a healthy peer
+            t0 = time.monotonic()
+            step, source = self._agree(start_step)
+            took = time.monotonic() - t0
+            self._log(f"joined generation {self.generation} at step {step} from rank {source}")
+            self.result.recoveries.append(
+                Recovery(self.generation, start_step, step, source, "replacement", took, took)
+            )
+        self._grouped()
+        while step < steps:
+            message = self.watch.poll()
+            if message is not None:
+                # Between steps: the state now is the start of ``step``, keep it too.
+                self._snapshot(step)
+                step = self._recover(step, f"recover message {message.generation}", message)
+                continue
+            self._snapshot(step)
+            try:
+                self.step_fn(step)
+            except Exception as exc:
+                if not is_collective_error(exc):
+                    raise
+                step = self._recover(step, _short(exc), None)
+                continue
+            step += 1
+        self._teardown()
+        self.result.steps = step
+        self.result.generation = self.generation
+        return self.result
+
+    # -- recovering ---------------------------------------------------------------------
+    def _recover(self, failed_step: int, cause: str, message: Recover | None) -> int:
+        t0 = time.monotonic()
+        self._log(f"step {failed_step}: {cause}; leaving generation {self.generation}")
+        self._teardown()
+        last_error = cause
+        while True:
+            message = message or self._wait_message(t0, last_error)
+            t1 = time.monotonic()
+            try:
+                self._join(message.master_addr, message.master_port, deadline_s=message.deadline_s)
+                self.generation = self.watch.generation = message.generation
+                step, source = self._agree(failed_step)
+                self._grouped()
+            except Exception as exc:  # a second fault while forming the group
+                last_error = f"re-joining generation {message.generation} failed: {_short(exc)}"
+                self._log(last_error)
+                self._teardown()
+                self.watch.generation = max(self.watch.generation, message.generation)
+                message = None
+                continue
+            done = time.monotonic()
+            self.result.recoveries.append(
+                Recovery(message.generation, failed_step, step, source, cause, done - t0, done - t1)
+            )
+            self._log(
+                f"generation {message.generation}: resumed at step {step} (state of rank "
+                f"{source}) {done - t0:.3f}s after the fault (re-join {done - t1:.3f}s)"
+            )
+            return step
+
+    def _snapshot(self, step: int) -> None:
+        """Keep the state at the start of ``step``; the oldest of two lends its buffers.
+        (After a rollback the deque is empty: a loaded snapshot is never written into.)"""
+        evicted = self.snapshots[0].state if len(self.snapshots) == 2 else None
+        self.snapshots.append(_Snapshot(step, _copy_state(self.state, evicted)))
+
+    def _grouped(self) -> None:
+        if self.on_group is not None:
+            self.on_group()
+
+    def _wait_message(self, since: float, why: str) -> Recover:
+        deadline = since + self.wait_s
+        while True:
+            message = self.watch.poll()
+            if message is not None:
+                return message
+            if time.monotonic() > deadline:
+                reason = (
+                    f"in-process recovery failed: no recover message newer than generation "
+                    f"{self.watch.generation} within {self.wait_s:g}s after: {why}"
+                )
+                self._log(reason)
+                raise RecoveryFailed(reason)
+            time.sleep(_POLL_S)
+
+    def _join(self, addr: str, port: int, *, deadline_s: float) -> None:
+        # Rank 0 hosts the store, as every attempt's rank 0 does (env://): a fresh port per
+        # generation, so nothing of the old group can answer.
+        self.store = dist.TCPStore(
+            addr,
+            port,
+            self.world,
+            is_master=self.rank == 0,
+            timeout=datetime.timedelta(seconds=deadline_s),
+        )
+        dist.init_process_group(
+            "gloo",
+            store=self.store,
+            rank=self.rank,
+            world_size=self.world,
+            # Joining waits for the slowest rank (a replacement starting its interpreter):
+            # the deadline. The collectives after it get the short timeout.
+            timeout=datetime.timedelta(seconds=max(deadline_s, self.timeout_s)),
+        )
+        c10d._set_pg_timeout(datetime.timedelta(seconds=self.timeout_s))
+
+    def _agree(self, fallback_step: int) -> tuple[int, int]:
+        """Every rank says which steps it holds; all load the newest one every rank has."""
+        held = [s.step for s in self.snapshots] + [-1, -1]
+        mine = torch.tensor(held[:2], dtype=torch.int64)
+        rows = [torch.empty(2, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(rows, mine)
+        newest = [int(r.max()) for r in rows]
+        holders = [n for n in newest if n >= 0]
+        if not holders:  # nobody has run a step yet: everyone starts from its own start
+            return fallback_step, self.rank
+        target = min(holders)
+        source = min(i for i, r in enumerate(rows) if target in r.tolist())
+        box: list[object] = [None]
+        if self.rank == source:
+            box[0] = next(s.state for s in self.snapshots if s.step == target)
+        dist.broadcast_object_list(box, src=source)
+        chosen = box[0]
+        assert isinstance(chosen, dict)
+        for key, obj in self.state.items():
+            obj.load_state_dict(chosen[key])
+        self.snapshots.clear()
+        return target, source
+
+    def _teardown(self) -> None:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception as exc:  # a broken group may fail to say goodbye
+                self._log(f"destroying the old process group: {_short(exc)}")
+        # A join that failed half way may have named a group it never registered: the next
+        # group's store keys must start from the same count on every rank (0, as after
+        # destroy_process_group), or two ranks wait for each other's keys under other names.
+        c10d._world.group_count = 0
+        self.store = None
+
+    def _log(self, text: str) -> None:
+        print(f"trainpod.elastic: rank {self.rank}: {text}", file=sys.stderr, flush=True)
+
+
+def _copy_state(
+    state: Mapping[str, Stateful], reuse: dict[str, dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """A copy of every state dict; tensors copied into ``reuse``'s (an evicted snapshot) where
+    shapes match: for the GPT example 4x cheaper than ``copy.deepcopy`` (3.7 vs 14.7 ms)."""
+    return {key: _copy_into(obj.state_dict(), (reuse or {}).get(key)) for key, obj in state.items()}
+
+
+def _copy_into(src: Any, dst: Any) -> Any:
+    if isinstance(src, torch.Tensor):
+        same = (
+            isinstance(dst, torch.Tensor)
+            and dst.shape == src.shape
+            and dst.dtype == src.dtype
+            and dst.device == src.device
+        )
+        return dst.copy_(src.detach()) if same else src.detach().clone()
+    if isinstance(src, dict):
+        old = dst if isinstance(dst, dict) else {}
+        return {k: _copy_into(v, old.get(k)) for k, v in src.items()}
+    if isinstance(src, list | tuple):
+        olds = list(dst) if isinstance(dst, list | tuple) and len(dst) == len(src) else []
+        items = [_copy_into(v, olds[i] if olds else None) for i, v in enumerate(src)]
+        return tuple(items) if isinstance(src, tuple) else items
+    return copy.deepcopy(src)
+
+
+def _short(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first[:300]}"

@@ -1,0 +1,100 @@
+"""A data-parallel job run by ``trainpod.elastic.run``: a small linear model, SGD with
+momentum (so the optimizer's state matters), gradients all-reduced over Gloo by hand.
+
+Each step's batch is a function of the step and the rank only, so a rolled-back step redoes
+exactly what it did. Every rank writes ``<out>/rank-<r>.json`` at the end: its pid, the
+final loss on a fixed probe batch, the parameters, the steps it ran and its recoveries.
+
+``--steps N --out DIR [--step-sleep S] [--mark-at K] [--ddp]``: after step K the rank touches
+``<out>/at-<K>-rank-<r>`` (the test waits for it before injecting a fault).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainpod import elastic
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, required=True)
+p.add_argument("--out", type=Path, required=True)
+p.add_argument("--step-sleep", type=float, default=0.0)
+p.add_argument("--mark-at", type=int, default=-1)
+p.add_argument("--timeout-s", type=float, default=5.0)
+p.add_argument("--wait-s", type=float, default=60.0)
+p.add_argument("--ddp", action="store_true", help="DistributedDataParallel, rebuilt per group")
+args = p.parse_args()
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+torch.manual_seed(0)  # the same initial model on every rank
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+true_w = torch.arange(8, dtype=torch.float32) / 8
+ran: list[int] = []
+wrapped: list[torch.nn.Module] = [model]  # what the step runs: DDP(model) with --ddp
+
+
+def new_group() -> None:
+    """A DDP module is bound to its process group: a new group needs a new one."""
+    if args.ddp:
+        wrapped[0] = torch.nn.parallel.DistributedDataParallel(model)
+
+
+def batch(step: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step * 1000 + r)
+    x = torch.randn(16, 8, generator=g)
+    return x, x @ true_w[:, None] + 0.1
+
+
+def train_step(step: int) -> None:
+    x, y = batch(step, rank)
+    loss = torch.nn.functional.mse_loss(wrapped[0](x), y)
+    opt.zero_grad()
+    loss.backward()
+    if not args.ddp:  # DDP averages the gradients in backward
+        for param in model.parameters():
+            assert param.grad is not None
+            dist.all_reduce(param.grad)
+            param.grad /= world
+    opt.step()
+    ran.append(step)
+    if step == args.mark_at:
+        (args.out / f"at-{step}-rank-{rank}").touch()
+    if args.step_sleep:
+        time.sleep(args.step_sleep)
+
+
+result = elastic.run(
+    train_step,
+    {"model": model, "optim": opt},
+    steps=args.steps,
+    timeout_s=args.timeout_s,
+    wait_s=args.wait_s,
+    on_group=new_group,
+)
+probe_x, probe_y = batch(10**6, 0)
+with torch.no_grad():
+    final = torch.nn.functional.mse_loss(model(probe_x), probe_y).item()
+out = {
+    "rank": rank,
+    "pid": os.getpid(),
+    "final_loss": final,
+    "params": [t.flatten().tolist() for t in model.state_dict().values()],
+    "ran": ran,
+    "steps": result.steps,
+    "generation": result.generation,
+    "recoveries": [dataclasses.asdict(r) for r in result.recoveries],
+    "recover_file": os.environ.get("TRAINPOD_RECOVER_FILE", ""),
+}
+tmp = args.out / f".rank-{rank}.json.tmp"
+tmp.write_text(json.dumps(out))
+tmp.replace(args.out / f"rank-{rank}.json")
+print(f"rank {rank} done: steps={result.steps} loss={final:.6f}", flush=True)
