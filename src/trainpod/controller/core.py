@@ -120,8 +120,8 @@ class Controller:
         )
         self.operators = Operators(store, tx, sched, executor, repair)
         self.allocations = Allocations(store, cfg, tx, ports, leases=sched.leases_allocations)
-        self.interactive = Interactive(lock, store, clock, tx, self.allocations, self.cancel)
-        self.jobs = JobCommands(store, cfg, tx, sched, executor, self.allocations)
+        self.jobs = jobs = JobCommands(store, cfg, tx, sched, executor, self.allocations)
+        self.interactive = Interactive(lock, store, clock, tx, self.wake, self.allocations, jobs)
         self.chaos_desk = ChaosDesk(store, tx, chaos)
         self.startup = Startup(store, cfg, sched, self.allocations, self.access)
 

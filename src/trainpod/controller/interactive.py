@@ -7,14 +7,15 @@ shells' contexts and steps' orders.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainpod.api.models import AllocationLease, ShellContext, StepPlan, StepRequest
 from trainpod.clock import Clock
 from trainpod.controller.access import Principal
 from trainpod.controller.allocations import Allocations
+from trainpod.controller.jobs import JobCommands
 from trainpod.controller.transitions import Transitions
+from trainpod.controller.wake import Wake
 from trainpod.store.repo import Store
 from trainpod.store.rows import JobRow
 
@@ -25,9 +26,9 @@ class Interactive:
     store: Store
     clock: Clock
     tx: Transitions
+    wake: Wake
     allocations: Allocations
-    cancel: Callable[[int], JobRow]
-    """The controller's own cancellation of a job (it takes the lock)."""
+    jobs: JobCommands
 
     def renew(self, job_id: int) -> AllocationLease:
         """The allocation's CLI is still there: renew its lease."""
@@ -39,7 +40,11 @@ class Interactive:
         now = self.clock.now()
         with self.lock, self.store.transaction():
             job = self.allocations.release(job_id, reason, now)
-            return job if job.state.ended else self.cancel(job_id)
+            if job.state.ended:
+                return job
+            job = self.jobs.cancel(job_id, now)
+            self.wake.bump()
+            return job
 
     def shell(
         self, node: str | None, job_id: int | None, by: Principal | None = None
