@@ -30,7 +30,7 @@ def pass_time(c: Cluster, seconds: float, *, renew: int | None = None) -> None:
         left -= dt
         c.beat()
         if renew is not None:
-            c.controller.renew_allocation(renew)
+            c.controller.interactive.renew(renew)
         c.controller.step()
 
 
@@ -62,7 +62,7 @@ def test_an_allocation_outlives_a_renewing_cli_and_ends_when_it_falls_silent(
     assert c.job(job).state == "cancelled"
     assert set(c.node_states().values()) == {"idle"}
     with pytest.raises(Conflict, match="has ended"):
-        c.controller.renew_allocation(job)
+        c.controller.interactive.renew(job)
 
 
 def test_a_queued_allocation_whose_cli_died_leaves_the_queue(cluster: Cluster) -> None:
@@ -82,7 +82,7 @@ def test_time_limit_ends_the_allocation_even_while_renewed(cluster: Cluster) -> 
     job = allocate(c, time_limit="1")  # one minute
     c.start(job)
     pass_time(c, 50, renew=job)
-    lease = c.controller.renew_allocation(job)
+    lease = c.controller.interactive.renew(job)
     assert lease.ends_in_s is not None and 0 < lease.ends_in_s <= 10
     with pytest.raises(Conflict, match="is ending"):  # what its CLI hears, and says
         pass_time(c, 12, renew=job)
@@ -109,12 +109,12 @@ def test_release_records_why_and_cancels(cluster: Cluster) -> None:
     c = cluster
     job = allocate(c)
     c.start(job)
-    c.controller.release_allocation(job, "the shell exited with status 0")
+    c.controller.interactive.release(job, "the shell exited with status 0")
     (released,) = c.events("allocation_released", job_id=job)
     assert released.data["reason"] == "the shell exited with status 0"
     finish_teardown(c)
     assert c.job(job).state == "cancelled"
-    c.controller.release_allocation(job, "again")  # idempotent once ended
+    c.controller.interactive.release(job, "again")  # idempotent once ended
     assert len(c.events("allocation_released", job_id=job)) == 1
 
 
@@ -123,27 +123,27 @@ def test_only_allocations_have_leases_and_steps(cluster: Cluster) -> None:
     job = c.submit(nodes=1)
     c.start(job)
     with pytest.raises(SpecError, match="is not an allocation"):
-        c.controller.renew_allocation(job)
+        c.controller.interactive.renew(job)
     with pytest.raises(SpecError, match="is not an allocation"):
-        c.controller.start_step(job, StepRequest(command=["true"]))
+        c.controller.interactive.start_step(job, StepRequest(command=["true"]))
 
 
 def test_shell_context_of_an_allocation_and_of_a_node(cluster: Cluster) -> None:
     c = cluster
     job = allocate(c)
     with pytest.raises(Conflict, match="is queued"):
-        c.controller.shell_context(None, job)
+        c.controller.interactive.shell(None, job)
     c.start(job)
     nodes = c.job(job).attempts[-1].nodes
-    ctx = c.controller.shell_context(None, job)
+    ctx = c.controller.interactive.shell(None, job)
     assert ctx.node == nodes[0]  # the first node by default
     assert ctx.env["TRAINPOD_ALLOCATION"] == ctx.env["TRAINPOD_JOB_ID"] == str(job)
     assert ctx.env["TRAINPOD_NODES"] == ",".join(nodes)
     assert "WORLD_SIZE" not in ctx.env and "MASTER_PORT" not in ctx.env  # not a rank
     assert ctx.cwd == str(c.cfg.scratch_root / nodes[0] / f"job-{job}")
-    assert c.controller.shell_context(nodes[1], job).node == nodes[1]
+    assert c.controller.interactive.shell(nodes[1], job).node == nodes[1]
 
-    other = c.controller.shell_context("workers-1", None)
+    other = c.controller.interactive.shell("workers-1", None)
     assert (other.job_id, other.cwd) == (None, str(c.cfg.scratch_root / "workers-1"))
     assert "TRAINPOD_JOB_ID" not in other.env
 
@@ -155,8 +155,8 @@ def test_shell_in_a_job_refuses_a_node_outside_it(make_cluster: MakeCluster) -> 
     c.start(job)
     outside = (set(c.agents) - set(c.job(job).attempts[-1].nodes)).pop()
     with pytest.raises(SpecError, match=f"{outside} is not one of job {job}'s nodes"):
-        c.controller.shell_context(outside, job)
-    assert "TRAINPOD_ALLOCATION" not in c.controller.shell_context(None, job).env
+        c.controller.interactive.shell(outside, job)
+    assert "TRAINPOD_ALLOCATION" not in c.controller.interactive.shell(None, job).env
 
 
 def test_a_step_gets_the_torchrun_contract_on_the_allocations_nodes(cluster: Cluster) -> None:
@@ -164,7 +164,7 @@ def test_a_step_gets_the_torchrun_contract_on_the_allocations_nodes(cluster: Clu
     job = allocate(c)
     c.start(job)
     nodes = c.job(job).attempts[-1].nodes
-    plan = c.controller.start_step(job, StepRequest(command=["python", "x.py"]))
+    plan = c.controller.interactive.start_step(job, StepRequest(command=["python", "x.py"]))
     assert (plan.step, plan.nodes) == (1, nodes)
     first, second = (plan.orders[n] for n in nodes)
     # the nodes' 2 devices each: 2 ranks per node by default
@@ -178,12 +178,12 @@ def test_a_step_gets_the_torchrun_contract_on_the_allocations_nodes(cluster: Clu
     assert not c.events("job_submitted", job_id=job + 1)  # nothing was queued
     assert c.job(job).state == "running"
 
-    two = c.controller.start_step(job, StepRequest(command=["true"], procs_per_node=1))
+    two = c.controller.interactive.start_step(job, StepRequest(command=["true"], procs_per_node=1))
     assert two.step == 2 and two.orders[nodes[0]].env["WORLD_SIZE"] == "2"
-    c.controller.end_step(job, 2, 3)
+    c.controller.interactive.end_step(job, 2, 3)
     (ended,) = c.events("step_ended", job_id=job)
     assert (ended.data["step"], ended.data["exit_code"]) == (2, 3)
     with pytest.raises(SpecError, match="has no step 9"):
-        c.controller.end_step(job, 9, 0)
+        c.controller.interactive.end_step(job, 9, 0)
     with pytest.raises(SpecError, match="may not set RANK"):
-        c.controller.start_step(job, StepRequest(command=["true"], env={"RANK": "3"}))
+        c.controller.interactive.start_step(job, StepRequest(command=["true"], env={"RANK": "3"}))

@@ -230,35 +230,35 @@ def create_app(
     ) -> list[EventInfo]:
         return controller.event_infos(job_id=job, node=node, after=after, limit=limit)
 
-    # -- interactive work: trainpod alloc / shell / run (controller/allocations.py) -------
+    # -- interactive work: trainpod alloc / shell / run (controller/interactive.py) ------
     # Only the job's owner or an admin (controller/access.py): a refusal is a 403 + event.
     @app.post("/v1/jobs/{job_id}/lease", response_model=AllocationLease)
     def renew_lease(job_id: int, who: Caller) -> AllocationLease:
         controller.authorize(who, Action.ALLOC, job_id)
-        return controller.renew_allocation(job_id)
+        return controller.interactive.renew(job_id)
 
     @app.post("/v1/jobs/{job_id}/release", response_model=JobInfo)
     def release(job_id: int, who: Caller, reason: str = "released") -> JobInfo:
         controller.authorize(who, Action.ALLOC, job_id)
-        controller.release_allocation(job_id, reason)
+        controller.interactive.release(job_id, reason)
         return controller.job_info(job_id, viewer=who)
 
     @app.get("/v1/shell", response_model=ShellContext)
     def shell(who: Caller, node: str | None = None, job: int | None = None) -> ShellContext:
         # A node's shell is a shell in the job it runs, if any: its owner's (or an admin's).
-        held = job if job is not None or node is None else controller.job_on(node)
+        held = job if job is not None or node is None else controller.interactive.job_on(node)
         controller.authorize(who, Action.SHELL, held)
-        return controller.shell_context(node, job, by=who)
+        return controller.interactive.shell(node, job, by=who)
 
     @app.post("/v1/jobs/{job_id}/steps", response_model=StepPlan, status_code=201)
     def start_step(job_id: int, req: StepRequest, who: Caller) -> StepPlan:
         controller.authorize(who, Action.ALLOC, job_id)
-        return controller.start_step(job_id, req)
+        return controller.interactive.start_step(job_id, req)
 
     @app.post("/v1/jobs/{job_id}/steps/{step}/end", status_code=204)
     def end_step(job_id: int, step: int, end: StepEnd, who: Caller) -> Response:
         controller.authorize(who, Action.ALLOC, job_id)
-        controller.end_step(job_id, step, end.exit_code)
+        controller.interactive.end_step(job_id, step, end.exit_code)
         return Response(status_code=204)
 
     @app.post("/v1/agent/heartbeat", response_model=Orders)

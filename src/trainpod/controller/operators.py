@@ -1,4 +1,5 @@
-"""Operators' node actions: drain, quarantine, resume, replace, each with a reason."""
+"""Actions on nodes from outside: an operator's drain, quarantine, resume or replace, each
+with a reason, and what an external scheduler (Slurm) says of its nodes."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, replace
 from trainpod.api.models import NodeAction
 from trainpod.controller.executor import Executor
 from trainpod.controller.external import Scheduling
+from trainpod.controller.ops import Observed
 from trainpod.controller.policy import FaultKind
 from trainpod.controller.repair import NodeRepair
 from trainpod.controller.transitions import HEALTHY_NODE_STATES, Transitions
@@ -37,6 +39,18 @@ class Operators:
             self._replace(node, why, now)
         else:
             self._resume(node, now)
+
+    def observed(self, obs: Observed, now: float) -> None:
+        """Apply one look at the external scheduler: ended jobs and pending reasons go to
+        :class:`Scheduling`; the nodes it reports DOWN are quarantined as lost."""
+        for node, reason in self.scheduling.observe(obs, now):
+            self.executor.quarantine(
+                self.tx.node(node.name),
+                reason,
+                FaultKind.NODE_LOST,
+                now,
+                repair=self.tx.cfg.auto_repair,
+            )
 
     def _replace(self, node: NodeRow, why: str, now: float) -> None:
         if self.repair.replacer is None:
