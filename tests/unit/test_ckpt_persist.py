@@ -236,8 +236,7 @@ def test_a_busy_persister_skips_to_the_newest_step_and_counts_the_rest(tmp_path:
             in_round.set()  # the persister's own thread, in the middle of step 1's round
             assert release.wait(30)
 
-    p0 = persister(tmp_path, "n0", events)
-    p0._emit = emit
+    p0 = Persister("n0", emit, staging=tmp_path / "staging" / "n0", poll_s=(0.01, 0.02))
     scratch = str(tmp_path / "scratch")
     for step in range(1, 6):
         make_memory(tmp_path / "mem", step=step, nodes=("n0",))
