@@ -44,8 +44,10 @@ What it measures, in one run:
    agent's preloaded interpreter). Ratios trainpod/torchrun (target <= 0.5).
 3. Goodput of a chaos run (skip with ``--skip-chaos``): the GPT example
    (``examples/gpt/train.py``) on 2 nodes with ``--auto-resume``; a short calibration job
-   first gives the step time, which sizes ``--ckpt-every`` to about one save per 20 s of
-   training and ``--steps`` to 3x ``--chaos-minutes`` (the pace follows the machine's load);
+   first gives the step time, which sizes ``--steps`` to 3x ``--chaos-minutes`` (the pace
+   follows the machine's load); the job saves with ``--ckpt-every auto`` (the Checkpointer's
+   Young/Daly interval from its measured stall and the MTBF trainpod observed, given at each
+   launch; ``--chaos-ckpt-every sized`` restores the old one save per ~20 s, or N steps);
    the job is cancelled once ``--chaos-minutes`` have passed and it runs again. A seeded
    fault every ~``--fault-every-s`` (uniform 0.5x-1.5x, counted from the previous injection)
    from {kill-worker, xid79, kill-agent, hang}, into a random node of the job, never the
@@ -160,7 +162,12 @@ def main(argv: list[str] | None = None) -> int:
             if not args.skip_chaos:
                 try:
                     chaos = run_chaos(
-                        client, workdir, args.chaos_minutes, args.fault_every_s, args.seed
+                        client,
+                        workdir,
+                        args.chaos_minutes,
+                        args.fault_every_s,
+                        args.seed,
+                        args.chaos_ckpt_every,
                     )
                 except (RuntimeError, TimeoutError, TrainpodError) as exc:
                     chaos = {"error": f"{type(exc).__name__}: {exc}"}

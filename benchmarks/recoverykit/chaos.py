@@ -32,7 +32,7 @@ from trainpod.telemetry.goodput import compute_goodput
 
 
 # -- 3. goodput of a chaos run ----------------------------------------------------------------
-def gpt_spec(name: str, ckpt: Path, workdir: Path, steps: int, ckpt_every: int) -> JobSpec:
+def gpt_spec(name: str, ckpt: Path, workdir: Path, steps: int, ckpt_every: int | str) -> JobSpec:
     return JobSpec(
         command=[
             sys.executable,
@@ -97,8 +97,21 @@ def pick_fault(rng: random.Random, previous: str | None) -> ChaosFault:
     return rng.choice([f for f in CHAOS_FAULTS if f != previous])
 
 
+def chaos_ckpt_every(value: str, step_s: float) -> int | str:
+    """``--chaos-ckpt-every``: ``auto`` (the Checkpointer's Young/Daly interval), ``sized``
+    (about one save per CKPT_TARGET_S of training at the calibrated step time) or N steps."""
+    if value == "sized":
+        return max(1, round(CKPT_TARGET_S / step_s))
+    return value if value == "auto" else int(value)
+
+
 def run_chaos(
-    client: TrainpodClient, workdir: Path, minutes: float, fault_every_s: float, seed: int
+    client: TrainpodClient,
+    workdir: Path,
+    minutes: float,
+    fault_every_s: float,
+    seed: int,
+    ckpt: str = "auto",
 ) -> dict[str, Any]:
     """The GPT job under seeded faults for ``minutes``, then its goodput and the model.
 
@@ -108,7 +121,7 @@ def run_chaos(
     cal = calibrate_gpt(client, workdir)
     step_s = cal["step_time_s"]
     steps = max(100, int(CHAOS_STEP_MARGIN * minutes * 60 / step_s))
-    ckpt_every = max(1, round(CKPT_TARGET_S / step_s))
+    ckpt_every = chaos_ckpt_every(ckpt, step_s)
     rng = random.Random(seed)
     job = client.submit(
         gpt_spec("recovery-gpt-chaos", workdir / "gpt-chaos", workdir, steps, ckpt_every)
@@ -169,18 +182,23 @@ def chaos_results(
     gp: dict[str, Any],
     cal: dict[str, Any],
     steps: int,
-    ckpt_every: int,
+    ckpt_every: int | str,
     faults: list[ChaosFaultRecord],
 ) -> dict[str, Any]:
     b = gp["buckets"]
     n_faults = len(gp["faults"])
     progress = [e for e in events if e.kind == "attempt_progress"]
-    saves = sum(_saves(e.data, ckpt_every) for e in progress)
     stall = sum(float(e.data.get("checkpoint_stall_s") or 0.0) for e in progress)
     step_times = [float(e.data["step_time_s"]) for e in progress if e.data.get("step_time_s")]
     step_s = median(step_times) if step_times else cal["step_time_s"]
+    if isinstance(ckpt_every, int):
+        saves = sum(_saves(e.data, ckpt_every) for e in progress)
+        tau = ckpt_every * step_s
+    else:  # auto: the saves are the memory-tier commits; tau their mean spacing in training
+        saves = sum(1 for e in events if e.kind == "checkpoint_saved")
+        ran = sum(_steps_run(e.data) for e in progress)
+        tau = ran * step_s / saves if saves else 0.0
     delta = stall / saves if saves else cal["checkpoint_stall_per_save_s"]
-    tau = ckpt_every * step_s
     wall = gp["wall_s"]
     fixed = ("detection", "teardown", "restart", "waiting_for_spare", "reload")
     model: dict[str, Any] = {"delta_s": delta, "tau_s": tau, "saves": saves}
@@ -191,7 +209,7 @@ def chaos_results(
         m = wall / n_faults
         r = sum(b[k] for k in fixed) / n_faults
         optimal = 1 - math.sqrt(2 * delta / m) - r / m
-        actual_tau = 1 - delta / tau - (r + tau / 2) / m
+        actual_tau = 1 - delta / tau - (r + tau / 2) / m if tau > 0 else 0.0
         model.update(
             M_s=m,
             R_s=r,
@@ -236,6 +254,13 @@ def classified_faults(events: list[EventInfo]) -> dict[int, str]:
         if e.kind == "fault_classified" or e.attempt not in kinds:
             kinds[e.attempt] = str(e.data.get("fault"))
     return kinds
+
+
+def _steps_run(progress: dict[str, Any]) -> int:
+    first, last = progress.get("first_step"), progress.get("last_step")
+    if first is None or last is None:
+        return 0
+    return max(0, int(last) - int(first) + 1)
 
 
 def _saves(progress: dict[str, Any], every: int) -> int:

@@ -149,7 +149,7 @@ def render(r: dict[str, Any]) -> str:
         cal = g["calibration"]
         lines += [
             f"3. Goodput of a chaos run: GPT example, 2 nodes, --auto-resume, {g['steps']} "
-            f"steps, checkpoint every {g['ckpt_every']} steps (~{mo['tau_s']:.0f} s), "
+            f"steps, checkpoint every {_every(g['ckpt_every'])} (~{mo['tau_s']:.1f} s), "
             f"job {g['state']}{' (' + g['stopped'] + ')' if g['stopped'] else ''}",
             f"  calibration: {cal['step_time_s']:.3f} s/step, "
             f"{cal['checkpoint_stall_per_save_s'] * 1000:.1f} ms stall per save",
@@ -282,6 +282,10 @@ def ettr_target(chaos: dict[str, Any] | None) -> dict[str, Any]:
 
 
 # -- main -------------------------------------------------------------------------------------
+def _every(every: int | str) -> str:
+    return f"{every} steps" if isinstance(every, int) else f"{every} interval"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--repeats", type=int, default=5, help="injections per fault class")
@@ -295,6 +299,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "the default --fault-every-s)",
     )
     p.add_argument("--skip-chaos", action="store_true", help="no GPT chaos run (part 3)")
+    p.add_argument(
+        "--chaos-ckpt-every",
+        default="auto",
+        help="chaos: the GPT job's --ckpt-every: auto (default: Young/Daly from the measured "
+        "stall and the MTBF trainpod observed), sized (one save per ~20 s of training) or N",
+    )
     p.add_argument(
         "--classes",
         type=lambda v: [c.strip() for c in v.split(",") if c.strip()],
@@ -312,6 +322,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"unknown classes {unknown}; use some of {','.join(ALL_CLASSES)}")
     if args.repeats < 1 or args.chaos_minutes <= 0 or args.fault_every_s <= 0:
         p.error("--repeats, --chaos-minutes and --fault-every-s must be positive")
+    every = args.chaos_ckpt_every
+    if every not in ("auto", "sized") and not (every.isdigit() and int(every) > 0):
+        p.error(f"--chaos-ckpt-every: got {every!r}; give auto, sized or a number of steps > 0")
     return args
 
 

@@ -23,6 +23,10 @@ node scratch, a peer node and the durable ``--ckpt-dir``, committed with a check
 manifest. Every rank saves and loads (the calls are collective). On start, every rank loads
 the newest checkpoint that verifies, from the fastest tier that holds it, falling back to
 another tier or an older step (and says why); a torn or corrupt checkpoint is never loaded.
+By default (``--ckpt-every auto``) it saves as often as the costs call for: Young/Daly's
+``sqrt(2 x stall x MTBF)`` from its own measured save stall and the failure rate trainpod
+has observed, every few seconds when a save is cheap; the slower tiers take the newest step
+whenever they are free and skip the rest.
 
 Batches are a pure function of (seed, step, rank) and the learning rate a function of the
 step, so the step is all the data position there is: a run resumed from a checkpoint sees
@@ -51,6 +55,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import trainpod
+from trainpod.ckpt import IntervalBounds
 
 CORPUS_CAP_BYTES = 4 * 1024 * 1024
 VAL_FRACTION = 0.1
@@ -197,6 +202,17 @@ def ckpt_every(value: str) -> int | str:
     return n
 
 
+def describe_interval(ckpt: trainpod.Checkpointer) -> str:
+    """``; next in N steps (S s: stall X s, MTBF M s)``: what the ranks agreed on."""
+    costs, steps, seconds = ckpt.costs, ckpt.interval_steps, ckpt.interval_s()
+    if costs is None or steps is None or seconds is None:
+        return "; interval: still timing the steps"
+    return (
+        f"; interval {steps} steps ({seconds:.1f} s: stall {costs.stall_s:.3f} s, "
+        f"MTBF {costs.mtbf_s:.0f} s)"
+    )
+
+
 def memory_tier(value: str) -> bool | str:
     """``--ckpt-memory``: ``on`` (/dev/shm), ``off`` or a directory."""
     return {"on": True, "off": False}.get(value, value)
@@ -266,10 +282,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--ckpt-every",
         type=ckpt_every,
-        default=50,
-        help="save every N steps and after the last; 0: never save (a checkpoint is still "
-        "resumed from); auto: Young/Daly interval from the measured save stall and the MTBF "
-        "($TRAINPOD_MTBF_S, default 4 h)",
+        default="auto",
+        help="auto (default): save at the Young/Daly interval sqrt(2 x stall x MTBF) from the "
+        "measured save stall (running median) and the MTBF trainpod observed "
+        "($TRAINPOD_MTBF_S, set at launch; default 4 h), within --ckpt-min-interval-s and "
+        "--ckpt-max-interval-s; N: every N steps; 0: never (a checkpoint is still resumed "
+        "from). Always after the last step.",
+    )
+    p.add_argument(
+        "--ckpt-min-interval-s",
+        type=float,
+        default=1.0,
+        help="auto: never save more often than this (seconds)",
+    )
+    p.add_argument(
+        "--ckpt-max-interval-s",
+        type=float,
+        default=1800.0,
+        help="auto: save at least this often (seconds)",
     )
     p.add_argument(
         "--ckpt-dir",
@@ -387,8 +417,14 @@ def main(argv: list[str] | None = None) -> int:
         interval="auto" if auto else None,
         memory=args.ckpt_memory,
         scratch_dir=args.ckpt_scratch_dir,
+        bounds=IntervalBounds(min_s=args.ckpt_min_interval_s, max_s=args.ckpt_max_interval_s),
     )
-    every = "an automatic interval" if auto else f"every {args.ckpt_every} steps"
+    mtbf = os.environ.get("TRAINPOD_MTBF_SOURCE") or (
+        f"MTBF {os.environ['TRAINPOD_MTBF_S']} s"
+        if "TRAINPOD_MTBF_S" in os.environ
+        else "no fault seen yet, MTBF 4 h assumed"
+    )
+    every = f"at the Young/Daly interval ({mtbf})" if auto else f"every {args.ckpt_every} steps"
     log(f"checkpoints: {every if args.ckpt_every else 'not saved'}; tiers {describe_tiers(ckpt)}")
     state: dict[str, Any] = {"train": TrainState(model, opt), "loss": float("nan")}
     loaded = ckpt.load_latest(state)
@@ -467,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             state["loss"] = loss_now
             ckpt.save(step, state)  # returns after the copy into staging memory
             saved = step
-            nxt = f"; interval {ckpt.interval_steps} steps" if auto and ckpt.interval_steps else ""
+            nxt = describe_interval(ckpt) if auto else ""
             log(f"checkpoint step {step}: snapshot in {ckpt.last_stall_s or 0.0:.3f} s{nxt}")
     elapsed = time.perf_counter() - t_start
     tok_s = steps_done * tokens_per_step / elapsed if steps_done else 0.0

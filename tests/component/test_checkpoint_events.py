@@ -92,3 +92,20 @@ def test_orders_list_the_jobs_whose_memory_stays_on_the_node(cluster: Cluster) -
     c.beat(node)
     assert c.job(job).state == "completed"
     assert c.beat(node)[node].active_jobs == []
+
+
+def test_the_steps_a_slow_tier_skipped_show_in_its_events_and_live_progress(
+    cluster: Cluster,
+) -> None:
+    c = cluster
+    job = c.submit(nodes=1, procs=1)
+    attempt = c.start(job)
+    (node,) = c.job(job).attempts[0].nodes
+    report(c, node, rep(job, attempt, 4, "durable"), rep(job, attempt, 9, "durable", skipped=4))
+    skipped = [(e.data["step"], e.data.get("skipped")) for e in c.events("checkpoint_committed")]
+    assert skipped == [(4, None), (9, 4)]  # written only when some step was skipped
+    up = CheckpointUpload(job_id=job, committed={"durable": 9}, steps_skipped={"durable": 4})
+    report(c, node, checkpoint_uploads=[up])
+    progress = c.job(job).progress
+    assert progress is not None
+    assert progress["checkpoint_uploads"][node]["steps_skipped"] == {"durable": 4}

@@ -146,7 +146,7 @@ def test_resume_after_a_crash_ends_bitwise_as_the_uninterrupted_run(
     out = _train(ckpt_dir, 12, every="auto").stdout
     (resume,) = _resume_lines(out)
     assert resume.startswith("resuming from step 9 (tier durable, "), out
-    assert "checkpoints: an automatic interval" in out
+    assert "checkpoints: at the Young/Daly interval (no fault seen yet, MTBF 4 h assumed)" in out
     assert "step 10/12 loss" in out and "done: steps=12 " in out
     assert _summary(ckpt_dir)["steps_this_run"] == 3
     assert _committed(ckpt_dir)[-1] == 12

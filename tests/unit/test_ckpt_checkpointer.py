@@ -166,10 +166,11 @@ def test_auto_interval_is_young_daly_in_steps(tmp_path: Path) -> None:
         # The ranks agree on (stall, step time) in the writer; the next save() reads it. Read
         # it once step 5 is written and before step 10 is: the writer agrees again on step 10.
         assert ck.wait(30)
-        agreed = ck._pipe.agreed
-        assert agreed is not None
-        expected = max(1, math.ceil(young_daly_s(agreed[0], 3600.0) / agreed[1]))
-        assert ck.interval_steps == expected and ck.interval_s() == young_daly_s(agreed[0], 3600)
+        agreed = ck.costs
+        assert agreed is not None and agreed.mtbf_s == 3600.0
+        seconds = max(agreed.write_s, max(1.0, young_daly_s(agreed.stall_s, 3600.0)))
+        expected = max(1, math.ceil(seconds / agreed.step_s))
+        assert ck.interval_steps == expected and ck.interval_s() == seconds
         ck.save(10, make_state())
         assert ck.due(10 + expected) and not ck.due(10 + expected - 1)
         assert ck.wait(30)

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -219,6 +220,60 @@ def test_only_steps_flagged_by_the_workers_go_to_durable_until_the_job_ends(
     assert durable_manifest(tmp_path, 3).exists() and not durable_manifest(tmp_path, 2).exists()
     # The node whose part came last committed it; the other may have left before seeing it.
     assert max(p[n].status().done_through or -1 for n in NODES) == 3
+
+
+def test_a_busy_persister_skips_to_the_newest_step_and_counts_the_rest(tmp_path: Path) -> None:
+    """Steps 2-5 are committed in memory while the persister is still on step 1: it then
+    copies 5 (the newest) to scratch and durable, never 2-4, and says so. The steps are
+    not flagged for durable (the workers' persister was busy), yet a node that holds the
+    whole checkpoint takes the newest one whenever it is free."""
+    events: list[dict[str, Any]] = []
+    in_round, release = threading.Event(), threading.Event()
+
+    def emit(msg: dict[str, Any]) -> None:
+        events.append(msg)
+        if msg.get("event") == "committed" and msg["step"] == 1 and msg["tier"] == "scratch":
+            in_round.set()  # the persister's own thread, in the middle of step 1's round
+            assert release.wait(30)
+
+    p0 = Persister("n0", emit, staging=tmp_path / "staging" / "n0", poll_s=(0.01, 0.02))
+    scratch = str(tmp_path / "scratch")
+    for step in range(1, 6):
+        make_memory(tmp_path / "mem", step=step, nodes=("n0",))
+    runner = threading.Thread(target=p0.run, kwargs={"finish_timeout_s": 30})
+    p0.offer(request(tmp_path, "n0", 1, scratch=scratch))
+    runner.start()
+    try:
+        assert in_round.wait(30)
+        for step in range(2, 6):
+            p0.offer(
+                dataclasses.replace(request(tmp_path, "n0", step, scratch=scratch), durable=False)
+            )
+    finally:
+        release.set()
+    wait_until(lambda: p0.status().done_through == 5, timeout_s=30, what="step 5 persisted")
+    p0.finish()
+    runner.join(30)
+    done = [(e["tier"], e["step"], e["skipped"]) for e in events if e["event"] == "committed"]
+    assert done == [
+        ("scratch", 1, 0), ("durable", 1, 0), ("scratch", 5, 3), ("durable", 5, 3)
+    ]  # fmt: skip
+    assert durable_manifest(tmp_path, 5).exists()
+    assert not any(durable_manifest(tmp_path, s).exists() for s in (2, 3, 4))
+    st = p0.status()
+    assert st.steps_skipped == {"scratch": 3, "durable": 3}
+    assert st.committed == {"scratch": 5, "durable": 5}
+
+
+def test_a_two_node_job_still_uploads_only_flagged_steps(tmp_path: Path) -> None:
+    """Without the workers' flag, nodes might each take a different "newest" step: a node
+    that holds only its part leaves unflagged steps to the flag (0009)."""
+    make_memory(tmp_path / "mem", step=1)
+    p0 = persister(tmp_path, "n0", [])
+    assert p0.round(request(tmp_path, "n0", 1)) == "waiting"
+    make_memory(tmp_path / "mem", step=2)
+    p0.offer(dataclasses.replace(request(tmp_path, "n0", 2), durable=False))
+    assert p0.status().flagged == 1
 
 
 # -- the wire ------------------------------------------------------------------------------

@@ -184,6 +184,7 @@ class CheckpointHub:
                 rate_bps=st.rate_bps,
                 retry_in_s=st.retry_in_s,
                 errors=dict(st.errors),
+                steps_skipped=dict(st.steps_skipped),
             )
             for job_id, st in jobs
             if job_id is not None and st is not None
@@ -502,6 +503,7 @@ def _report_of(job_id: int, r: PersistReport) -> CheckpointReport:
         since_save_s=r.since_save_s,
         reason=r.reason[:2000],
         wrote_manifest=r.wrote_manifest,
+        skipped=r.skipped,
         at=time.time(),
     )
 

@@ -106,6 +106,9 @@ class CheckpointReport(_Model):
     stall_s: float | None = Field(default=None, description="the longest save() stall of a rank")
     reason: str = ""
     wrote_manifest: bool = False
+    skipped: int = Field(
+        default=0, ge=0, description="memory-tier steps this tier skipped since its last commit"
+    )
     at: float = Field(default=0.0, description="the agent's wall clock")
 
 
@@ -122,6 +125,9 @@ class CheckpointUpload(_Model):
     rate_bps: float = 0.0
     retry_in_s: float | None = None
     errors: dict[str, str] = Field(default_factory=dict)
+    steps_skipped: dict[str, int] = Field(
+        default_factory=dict, description="tier -> steps it skipped (busy with an older one)"
+    )
 
 
 class Heartbeat(_Model):

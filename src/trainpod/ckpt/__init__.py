@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
     from trainpod.ckpt.checkpointer import Checkpointer, default_tiers
     from trainpod.ckpt.errors import CheckpointConfigError, CheckpointError, ManifestError
+    from trainpod.ckpt.interval import Costs, IntervalBounds
     from trainpod.ckpt.loader import LoadResult
     from trainpod.ckpt.manifest import FileEntry, Manifest
     from trainpod.ckpt.records import Progress
@@ -50,8 +51,10 @@ __all__ = [
     "CheckpointConfigError",
     "CheckpointError",
     "Checkpointer",
+    "Costs",
     "FileEntry",
     "FsTier",
+    "IntervalBounds",
     "LoadResult",
     "Location",
     "Manifest",
@@ -69,6 +72,8 @@ _WHERE = {
     "CheckpointConfigError": "errors",
     "CheckpointError": "errors",
     "ManifestError": "errors",
+    "Costs": "interval",
+    "IntervalBounds": "interval",
     "LoadResult": "loader",
     "FileEntry": "manifest",
     "Manifest": "manifest",

@@ -5,27 +5,33 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import shutil
-import statistics
 import time
 import warnings
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from trainpod import beacon, notice
 from trainpod.ckpt.coll import Coll
 from trainpod.ckpt.errors import CheckpointConfigError, CheckpointError
 from trainpod.ckpt.handoff import AgentLink, AgentPersistence, TierConfig, build_tiers, env_int
-from trainpod.ckpt.layout import Layout, resolve, young_daly_s
+from trainpod.ckpt.interval import (
+    CostMeter,
+    Costs,
+    IntervalBounds,
+    MonotonicClock,
+    interval_steps,
+)
+from trainpod.ckpt.interval import interval_s as auto_interval_s
+from trainpod.ckpt.layout import Layout, resolve
 from trainpod.ckpt.layout import mtbf_s as mtbf_s_of
 from trainpod.ckpt.loader import LoadResult, load_latest
 from trainpod.ckpt.pipeline import Pipeline
 from trainpod.ckpt.records import Ctx, EventHook, Progress, Snapshot
 from trainpod.ckpt.staging import Stager
 from trainpod.ckpt.tiers import FsTier, Meter, Tier
+from trainpod.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +72,15 @@ class Checkpointer:
         dir: durable location (path or fsspec URL). Default: ``TRAINPOD_CHECKPOINT_DIR`` or
             ``TRAINPOD_CHECKPOINT_URI``.
         every: save when ``step % every == 0``. Exclusive with ``interval``.
-        interval: ``"auto"`` (the default when ``every`` is None): Young/Daly from the
-            measured stall, the step time and the MTBF (``mtbf_s``, else ``TRAINPOD_MTBF_S``,
-            else 4 h), agreed by all ranks.
+        interval: ``"auto"`` (the default when ``every`` is None): Young/Daly,
+            ``sqrt(2 * stall * MTBF)``, from the running median of this process's save
+            stalls and the MTBF, within ``bounds``, in steps of the measured step time,
+            agreed by all ranks (:mod:`trainpod.ckpt.interval`).
+        mtbf_s: the MTBF for ``interval="auto"``: seconds, or a callable asked at every save
+            (for a source that learns of faults while the process lives); default
+            ``TRAINPOD_MTBF_S`` (what the controller observed, given at launch), else 4 h.
+        bounds: limits of the automatic interval (default: 1 s to 30 min, every step at most).
+        clock: times the steps for the automatic interval (default: ``time.monotonic``).
         keep: checkpoints kept per tier, one int for all or a mapping by tier name.
         memory: shared-memory tier on (``/dev/shm/trainpod``), off, or rooted at a path.
         scratch_dir: node scratch root (default: ``TRAINPOD_JOB_SCRATCH_DIR``).
@@ -100,7 +112,9 @@ class Checkpointer:
         peer: bool = True,
         storage_options: Mapping[str, Any] | None = None,
         bandwidth_bps: float | None = None,
-        mtbf_s: float | None = None,
+        mtbf_s: float | Callable[[], float] | None = None,
+        bounds: IntervalBounds | None = None,
+        clock: Clock | None = None,
         verify: bool = True,
         tiers: Sequence[Tier] | None = None,
         on_event: EventHook | None = None,
@@ -115,7 +129,15 @@ class Checkpointer:
         if interval not in (None, "auto"):
             raise CheckpointConfigError(f"interval must be 'auto' or None, got {interval!r}")
         self.every = every
-        self._mtbf_s = mtbf_s_of(mtbf_s)
+        if isinstance(mtbf_s, int | float) and not mtbf_s > 0:
+            raise CheckpointConfigError(f"mtbf_s must be > 0 seconds, got {mtbf_s!r}")
+        self._mtbf: Callable[[], float]
+        if callable(mtbf_s):
+            self._mtbf = mtbf_s
+        else:
+            fixed = mtbf_s_of(mtbf_s)
+            self._mtbf = lambda: fixed
+        self.bounds = bounds if bounds is not None else IntervalBounds()
         self.layout = resolve(
             dir, memory=memory, scratch_dir=scratch_dir, require_durable=tiers is None
         )
@@ -191,12 +213,10 @@ class Checkpointer:
         self.last_load: LoadResult | None = None
         """What the last :meth:`load_latest` did, with the reasons for any fallback."""
         self.last_stall_s: float | None = None
-        self._stall_ema: float | None = None
+        self._costs = CostMeter(clock if clock is not None else MonotonicClock())
         self._last_step = 0
         self._saved_step: int | None = None
         self._next_due: int | None = None
-        self._step_times: deque[float] = deque(maxlen=32)
-        self._prev_due: tuple[int, float] | None = None
         self._closed = False
 
     # ------------------------------------------------------------------ public API
@@ -215,9 +235,10 @@ class Checkpointer:
         self._pipe.staging_free.wait()
         staged = self._stager.stage(state)
         stall = time.perf_counter() - t0
-        self._stall_ema = stall if self._stall_ema is None else 0.7 * self._stall_ema + 0.3 * stall
-        step_time = self.step_time_s()
-        proposal = (self._stall_ema, step_time) if step_time is not None else None
+        for seconds in self._pipe.take_write_times():
+            self._costs.writes.add(seconds)
+        self._costs.stalls.add(stall)
+        proposal = self._costs.costs(self._mtbf_now()) if self.every is None else None
         # The interval agreed at the previous save, read before this one is handed to the
         # writer: it agrees on this save's proposal in the background, and a rank that read
         # after it had would disagree with one that read before on the next save's step.
@@ -232,8 +253,8 @@ class Checkpointer:
             self._next_due = step + (interval or AUTO_WARMUP_STEPS)
             if interval is not None:
                 metrics["checkpoint_interval_steps"] = interval
-        if self._prev_due is not None:  # keep the save out of the next step-time sample
-            self._prev_due = (self._prev_due[0], self._prev_due[1] + stall)
+                metrics["checkpoint_interval_s"] = self.interval_s() or 0.0
+        self._costs.saved(None)  # the next step-time sample starts after the save
         beacon.report(step, **metrics)
 
     def load_latest(self, state: dict[str, Any]) -> int | None:
@@ -253,6 +274,7 @@ class Checkpointer:
             self._saved_step = result.step
             self._last_step = max(self._last_step, result.step)
             self._next_due = result.step + AUTO_WARMUP_STEPS
+            self._costs.restart()
         beacon.report(
             self._last_step,
             checkpoint_loaded_step=-1 if result.step is None else result.step,
@@ -269,10 +291,7 @@ class Checkpointer:
         The same on every rank: fixed ``every``, or the automatic interval agreed at the
         previous save (the first automatic save comes after a few timed steps).
         """
-        now = time.monotonic()
-        if self._prev_due is not None and step > self._prev_due[0]:
-            self._step_times.append((now - self._prev_due[1]) / (step - self._prev_due[0]))
-        self._prev_due = (step, now)
+        self._costs.step(step)
         self._last_step = max(self._last_step, step)
         if step == self._saved_step:
             return False
@@ -338,7 +357,7 @@ class Checkpointer:
 
     def step_time_s(self) -> float | None:
         """Median seconds per step measured between :meth:`due` calls (None before 2 calls)."""
-        return statistics.median(self._step_times) if self._step_times else None
+        return self._costs.steps.value()
 
     @property
     def preempted(self) -> bool:
@@ -353,9 +372,15 @@ class Checkpointer:
         return self.every if self.every is not None else self._agreed_interval()
 
     def interval_s(self) -> float | None:
-        """The Young/Daly optimum in seconds for the agreed stall (None before a save)."""
+        """The automatic interval in seconds for the agreed costs (None before a save)."""
         agreed = self._pipe.agreed
-        return None if agreed is None else young_daly_s(agreed[0], self._mtbf_s)
+        return None if agreed is None else auto_interval_s(agreed, self.bounds)
+
+    @property
+    def costs(self) -> Costs | None:
+        """The costs all ranks agreed on at the last save (None before one, or with
+        ``every``)."""
+        return self._pipe.agreed
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -394,11 +419,15 @@ class Checkpointer:
             log.warning("checkpoint copies run in this process: %s", why)
         return None
 
+    def _mtbf_now(self) -> float:
+        value = float(self._mtbf())
+        if not value > 0:
+            raise CheckpointConfigError(f"the mtbf_s callable returned {value!r}; want > 0 s")
+        return value
+
     def _agreed_interval(self) -> int | None:
         agreed = self._pipe.agreed
-        if agreed is None or agreed[1] <= 0:
-            return None
-        return max(1, math.ceil(young_daly_s(agreed[0], self._mtbf_s) / agreed[1]))
+        return None if agreed is None else interval_steps(agreed, self.bounds)
 
     def _report(self, **metrics: float | int | str | bool) -> None:
         beacon.report(self._last_step, **metrics)

@@ -135,6 +135,8 @@ class PersistStatus:
     """A step whose part is in the global tiers while other nodes' parts are not yet."""
     pid: int | None = None
     """The persister's process id."""
+    steps_skipped: dict[str, int] = field(default_factory=dict)
+    """Copy tier -> steps it never got because a newer one went instead (it was busy)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,6 +193,7 @@ _STATUS_RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "retry_in_s": (_opt(_is_num), "a number or null"),
     "waiting_step": (_opt(_is_int), "an int or null"),
     "pid": (_opt(_is_int), "an int or null"),
+    "steps_skipped": (_is_map(_is_int), "an object of ints"),
 }
 """How :meth:`PersistStatus.from_dict` checks each field (a unit test keeps it complete)."""
 _FLOATS = {"rate_bps", "retry_in_s"}

@@ -17,7 +17,10 @@ What it does with the steps it is given (the newest wins; older ones are skipped
    (durable) for the steps flagged ``durable``. The workers flag a step in the gather that
    commits it, only when no node's persister is busy with the durable store, so every
    node uploads the same steps; ``wait()``/``close()`` and the end of the job flag the
-   newest step on every node;
+   newest step on every node. A node that holds the whole checkpoint (a one-node job) needs
+   nobody to agree: its durable copy takes the newest step whenever it is free. Either way a
+   slow tier skips the steps committed while it was busy, and says how many (``skipped`` in
+   each committed report, ``steps_skipped`` in the status: :mod:`trainpod.ckpt.skips`);
 3. durable holds every node's part, so it commits without any collective: each node's
    persister uploads its part, then writes ``parts/<node>.json`` atomically (node, step and
    the SHA-256 of the manifest, which is byte-identical on every node); whoever then sees a
@@ -56,13 +59,14 @@ from typing import Any, Literal
 from trainpod.ckpt.errors import CheckpointError, ManifestError
 from trainpod.ckpt.handoff import PersistStatus, TierConfig, build_tiers
 from trainpod.ckpt.manifest import MANIFEST, Manifest
-from trainpod.ckpt.parts import global_names, is_committed, try_commit, write_part
+from trainpod.ckpt.parts import global_names, is_committed, parts_needed, try_commit, write_part
 from trainpod.ckpt.persistwire import (
     PersistReport,
     Request,
     StatusReport,
     parse_request,
 )
+from trainpod.ckpt.skips import SkipTally
 from trainpod.ckpt.tiers import FsTier, Meter, Tier, step_name
 
 log = logging.getLogger(__name__)
@@ -142,6 +146,8 @@ class Persister:
         self._skipped: dict[str, int] = {}
         self._config: TierConfig | None = None
         self._tiers: list[Tier] = []
+        self._skips = SkipTally()
+        self._solo = False  # this node holds the whole checkpoint (the last manifest said)
 
     # -- feeding ------------------------------------------------------------------------
     def offer(self, req: Request) -> None:
@@ -151,10 +157,14 @@ class Persister:
             want = self._want
             if want is not None and req.step < want.step and _newer_attempt(req, want):
                 self._rollback_locked(req)
+            self._skips.offered(req.step)
             if self._want is None or req.step >= self._want.step:
                 self._want = req
-            if req.durable and (self._dwant is None or req.step >= self._dwant.step):
-                self._dwant = req
+            # A node that holds the whole checkpoint needs no other node to agree: its global
+            # tiers take the newest step whenever they are free, flagged or not.
+            durable = req.durable or self._solo
+            if durable and (self._dwant is None or req.step >= self._dwant.step):
+                self._dwant = req if req.durable else dataclasses.replace(req, durable=True)
             self._cond.notify_all()
         self.emit_status()
 
@@ -173,6 +183,7 @@ class Persister:
         self._retry_at = self._waiting = None
         self._committed = {t: cap(s) for t, s in self._committed.items()}
         self._skipped.clear()
+        self._skips.rollback(req.step)
 
     def finish(self) -> None:
         """The job ended here: put the newest step into every tier, then let :meth:`run`
@@ -217,6 +228,7 @@ class Persister:
                 retry_in_s=retry,
                 waiting_step=None if self._waiting is None else self._waiting.req.step,
                 pid=os.getpid(),
+                steps_skipped=dict(self._skips.totals),
             )
 
     def emit_status(self) -> None:
@@ -322,6 +334,7 @@ class Persister:
             self._config = cfg
             for t in self._tiers[1:]:
                 self._committed.setdefault(t.name, None)
+            self._skips.watch([t.name for t in self._tiers[1:]])
         self.meter.bandwidth_bps = cfg.bandwidth_bps
         return self._tiers
 
@@ -386,6 +399,8 @@ class Persister:
         todo = [t for t in copies if (t.node_scoped and node) or (not t.node_scoped and glob)]
         try:
             m = Manifest.from_json((src / MANIFEST).read_bytes())
+            with self._cond:
+                self._solo = parts_needed(m) <= {self.node}
             staged = self._stage(src, step, [*(f.name for f in m.files_of(self.node)), MANIFEST])
         except (OSError, ManifestError) as exc:
             self._gone(req, todo, f"step {step} is not in {primary.name}: {exc}")
@@ -461,6 +476,7 @@ class Persister:
             prev = self._committed.get(tier.name)
             self._committed[tier.name] = max(req.step, prev if prev is not None else req.step)
             self._errors.pop(tier.name, None)
+            skipped = self._skips.committed(tier.name, req.step)
         self._report(
             req,
             "committed",
@@ -469,6 +485,7 @@ class Persister:
             seconds=seconds,
             since_save_s=max(0.0, time.time() - m.created),
             wrote_manifest=wrote,
+            skipped=skipped,
         )
         try:
             tier.prune(tier.keep, {req.step})

@@ -60,6 +60,8 @@ class PersistReport:
     """Failed: why."""
     wrote_manifest: bool = False
     """Committed to a global tier: this node wrote the manifest (the commit) itself."""
+    skipped: int = 0
+    """Committed: steps of the memory tier this tier skipped since its previous commit."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from typing import Any
 
 from trainpod.ckpt.coll import Coll
 from trainpod.ckpt.handoff import AgentPersistence, PersistStatus
+from trainpod.ckpt.interval import Costs
 from trainpod.ckpt.manifest import (
     MANIFEST,
     METADATA,
@@ -41,6 +42,7 @@ from trainpod.ckpt.manifest import (
     write_atomic,
 )
 from trainpod.ckpt.records import Ctx, EventHook, Progress, Snapshot
+from trainpod.ckpt.skips import SkipTally
 from trainpod.ckpt.tiers import FsTier, Meter, Tier
 
 log = logging.getLogger(__name__)
@@ -76,8 +78,9 @@ class Pipeline:
         self.retry_base_s, self.retry_max_s = retry_base_s, retry_max_s
         self.staging_free = threading.Event()
         self.staging_free.set()
-        self.agreed: tuple[float, float] | None = None
-        """(stall s, step time s) agreed by all ranks at the last snapshot (max of each)."""
+        self.agreed: Costs | None = None
+        """The costs all ranks agreed on at the last snapshot (:meth:`Costs.merge`)."""
+        self._write_times: list[float] = []
         self._q: queue.Queue[Snapshot | None] = queue.Queue()
         self._cond = threading.Condition()
         self._inflight = 0
@@ -91,6 +94,7 @@ class Pipeline:
         self._committed: dict[str, int | None] = {t.name: None for t in [primary, *copies]}
         self._errors: dict[str, str] = {}
         self._skipped: dict[str, int] = {}
+        self._skips = SkipTally([t.name for t in copies])
         self._stopping = False
         self._give_up = False
         self._writer = threading.Thread(target=self._write_loop, name="tp-ckpt-write", daemon=True)
@@ -166,6 +170,7 @@ class Pipeline:
                 pending_snapshots=self._inflight,
                 errors=dict(self._errors),
                 retry_in_s=retry,
+                steps_skipped=dict(self._skips.totals),
             )
 
     def _agent_progress(self, agent: AgentPersistence) -> Progress:
@@ -190,7 +195,14 @@ class Pipeline:
             pending_snapshots=pending,
             errors=errors,
             retry_in_s=st.retry_in_s,
+            steps_skipped=dict(st.steps_skipped),
         )
+
+    def take_write_times(self) -> list[float]:
+        """Seconds from each ``submit`` to its memory-tier commit since the last call."""
+        with self._cond:
+            out, self._write_times = self._write_times, []
+        return out
 
     def _idle_locked(self, local_only: bool) -> bool:
         if self._inflight:
@@ -230,9 +242,12 @@ class Pipeline:
         pre = self.cw.all_gather((err is None, snap.proposal, snap.stall_s))
         stalls = [p[2] for p in pre if p[2] is not None]
         stall = max(stalls) if stalls else None
-        props = [p[1] for p in pre if p[1] is not None]
+        props: list[Costs] = [p[1] for p in pre if p[1] is not None]
         if len(props) == len(pre):  # read by save() only after staging_free: same on all ranks
-            self.agreed = (max(p[0] for p in props), max(p[1] for p in props))
+            agreed = props[0]
+            for other in props[1:]:
+                agreed = agreed.merge(other)
+            self.agreed = agreed
         if all(p[0] for p in pre):  # all ranks run dcp.save, or none does
             try:
                 d.mkdir(parents=True, exist_ok=True)
@@ -299,6 +314,8 @@ class Pipeline:
                 with self._cond:
                     self._errors["agent"] = why
         with self._cond:
+            self._write_times.append(time.monotonic() - snap.submitted)
+            self._skips.offered(step)
             self._manifests[step] = manifest
             self._latest_local = step
             self._committed[tier.name] = step
@@ -314,9 +331,11 @@ class Pipeline:
             except OSError as exc:
                 log.warning("rank %d: pruning %s: %s", ctx.rank, tier.name, exc)
 
-    def _committed_event(self, tier: Tier, step: int) -> None:
+    def _committed_event(self, tier: Tier, step: int, skipped: int = 0) -> None:
         self._event(f"committed:{tier.name}", step)
         metrics: dict[str, Any] = {f"checkpoint_{tier.name}_step": step}
+        if tier is not self.primary:
+            metrics[f"checkpoint_{tier.name}_skipped"] = skipped
         if tier is self.primary:
             metrics["checkpoint_step"] = step  # the agent's "steps after it are recomputed"
         self._report(**metrics)
@@ -426,7 +445,8 @@ class Pipeline:
             with self._cond:
                 self._committed[tier.name] = step
                 self._errors.pop(tier.name, None)
-            self._committed_event(tier, step)
+                skipped = self._skips.committed(tier.name, step)
+            self._committed_event(tier, step, skipped)
             if writer:
                 try:
                     tier.prune(tier.keep, {step})

@@ -5,7 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainpod.ckpt.interval import Costs
 
 EventHook = Callable[[str, int], None]
 """Called with (event, step) from the background threads: ``written`` (this rank's DCP files
@@ -30,8 +33,9 @@ class Ctx:
 class Snapshot:
     step: int
     staged: dict[str, Any]
-    proposal: tuple[float, float] | None = None
-    """This rank's (save stall s, step time s), for the agreed automatic interval."""
+    proposal: Costs | None = None
+    """This rank's measured costs, for the agreed automatic interval (None: not measured
+    yet, or a fixed interval)."""
     stall_s: float | None = None
     """How long this rank's ``save`` blocked for this snapshot (up to the hand-over)."""
     submitted: float = field(default_factory=time.monotonic)
@@ -54,3 +58,6 @@ class Progress:
     """The last error per tier, until that tier commits again."""
     retry_in_s: float | None
     """Seconds until the next retry of a failed durable copy; None when none is due."""
+    steps_skipped: dict[str, int] = field(default_factory=dict)
+    """Copy tier -> steps committed in the primary tier that it never got, because a newer
+    step went instead (a tier slower than the saves keeps up by skipping)."""

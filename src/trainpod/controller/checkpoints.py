@@ -108,6 +108,7 @@ class CheckpointEvents:
                 since_save_s=rep.since_save_s,
                 by=node if whole else None,
                 wrote_manifest=rep.wrote_manifest if whole else None,
+                skipped=rep.skipped or None,
             )
         else:
             event = CheckpointFailed(

@@ -690,6 +690,9 @@ class CheckpointCommitted(KnownEvent):
     """Scope job only: the node that reported it."""
     wrote_manifest: bool | None = field(default=None, metadata=_OMIT_NONE)
     """Scope job only."""
+    skipped: int | None = field(default=None, metadata=_OMIT_NONE)
+    """Memory-tier steps this tier skipped since its previous commit (it was busy with an
+    older one); absent when none."""
 
 
 @_register
