@@ -45,7 +45,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(args: list[str], timeout: float = 50) -> subprocess.CompletedProcess[str]:
+def _run(args: list[str], timeout: float = 150) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         args, env=_env(), capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -98,6 +98,7 @@ def nine_step_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return ckpt_dir, _train(ckpt_dir, 9).stdout
 
 
+@pytest.mark.timeout(180)  # the module's reference run starts here
 def test_standalone_run_writes_checkpoints(nine_step_run: tuple[Path, str]) -> None:
     ckpt_dir, out = nine_step_run
     assert not _resume_lines(out), out
@@ -119,7 +120,7 @@ def test_standalone_run_writes_checkpoints(nine_step_run: tuple[Path, str]) -> N
     assert summary["world_size"] == 1
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(330)
 def test_resume_after_a_crash_ends_bitwise_as_the_uninterrupted_run(
     nine_step_run: tuple[Path, str], tmp_path: Path
 ) -> None:
@@ -152,6 +153,7 @@ def test_resume_after_a_crash_ends_bitwise_as_the_uninterrupted_run(
     assert _committed(ckpt_dir)[-1] == 12
 
 
+@pytest.mark.timeout(330)
 def test_resume_falls_back_past_a_corrupt_checkpoint(
     nine_step_run: tuple[Path, str], tmp_path: Path
 ) -> None:
@@ -173,6 +175,7 @@ def test_resume_falls_back_past_a_corrupt_checkpoint(
     assert summary["final_loss"] == _summary(nine_step_run[0])["final_loss"]
 
 
+@pytest.mark.timeout(330)
 def test_torchrun_two_processes(tmp_path: Path) -> None:
     ckpt_dir = tmp_path / "ckpt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
