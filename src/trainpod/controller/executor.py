@@ -105,8 +105,10 @@ class Executor:
             return
         job = self.tx.job(attempt.job_id)
         ranks = self.store.ranks(attempt.id)
-        recovering = self.rung.recovering(attempt, ranks, self._restarts_left(job), now)
-        attempt = self.store.attempt(attempt_id) or attempt
+        recovering: frozenset[int] = frozenset()
+        if job.spec.get("recovery") == "in-process":  # the rung's (ADR 0026); cheap otherwise
+            recovering = self.rung.recovering(attempt, ranks, self._restarts_left(job), now)
+            attempt = self.store.attempt(attempt_id) or attempt
         verdict = judging.judge(
             attempt,
             ranks,
