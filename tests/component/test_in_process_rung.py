@@ -157,3 +157,18 @@ def test_in_process_recoveries_count_against_max_restarts(make: Make) -> None:
     c.teardown(job)
     info = c.job(job)
     assert info.state == "failed" and "gave up after 1 restarts" in info.reason
+
+
+def test_a_cancel_during_the_recovery_stops_it_without_a_fallback(make: Make) -> None:
+    c = make()
+    job, attempt = _opted_in(c)
+    a1 = c.agents["workers-1"]
+    a1.exit_rank(attempt, 3, signal=KILLED)
+    a1.beat()
+    c.controller.cancel(job)
+    c.teardown(job)
+    c.tick(c.cfg.in_process_deadline_s + 1)
+    info = c.job(job)
+    assert (info.state, len(info.attempts)) == ("cancelled", 1)
+    assert c.events("in_process_recovery_abandoned", job_id=job) == []
+    assert a1.recover_ranks(a1.beat()) == []

@@ -227,6 +227,8 @@ class InProcessRung:
         out: list[tuple[AttemptRow, Failure]] = []
         for attempt in self.store.active_attempts():
             ip = attempt.in_process
+            if attempt.state is not AttemptState.RUNNING:
+                continue  # stopping already (cancelled): nothing to give up
             if not ip.pending or ip.deadline_at is None or now < ip.deadline_at:
                 continue
             waiting = [
