@@ -1,14 +1,15 @@
-"""An in-process-recovery job on a real local cluster (2 nodes x 2 Gloo ranks).
+"""An in-process-recovery job on a real local cluster (2 nodes x 2 Gloo ranks, on CPU).
 
-The controller's in-process rung is not built yet (ADR 0026): until it is, a fault of an
-opted-in job is recovered as any other's, by a full restart, and the ranks run
-``trainpod.elastic.run`` with the environment the controller and the agent give them.
+The controller's rung (ADR 0026): a killed rank of an opted-in job is started again in the
+same attempt, the three healthy ranks keep their processes, and the job ends with the
+model of an undisturbed run.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,15 +19,27 @@ from trainpod.testing.wait import wait_until
 
 pytestmark = pytest.mark.integration
 WORKER = Path(__file__).parent / "workers" / "elastic_dp.py"
+STEPS = 150
 
 
-@pytest.mark.timeout(240)
-def test_an_opted_in_job_gets_its_recover_file_and_falls_back_to_a_full_restart(
-    cluster: Cluster, tmp_path: Path
-) -> None:
+def _results(out: Path) -> dict[int, dict[str, Any]]:
+    return {r: json.loads((out / f"rank-{r}.json").read_text()) for r in range(4)}
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_rank_is_recovered_in_process(cluster: Cluster, tmp_path: Path) -> None:
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    argv = ["python", str(WORKER), "--steps", str(STEPS), "--out", str(reference)]
+    ref_job = cluster.submit(argv, nodes=2, procs_per_node=2)
+    done = cluster.wait_job(ref_job.id, timeout_s=120)
+    assert done.state == "completed", cluster.describe(done)
+    undisturbed = _results(reference)
+    cluster.wait_idle()
+
     out = tmp_path / "out"
     out.mkdir()
-    argv = ["python", str(WORKER), "--steps", "150", "--out", str(out)]
+    argv = ["python", str(WORKER), "--steps", str(STEPS), "--out", str(out)]
     argv += ["--mark-at", "5", "--step-sleep", "0.1", "--wait-s", "120"]
     job = cluster.submit(argv, nodes=2, procs_per_node=2, auto_resume=True, recovery="in-process")
     assert cluster.client.job(job.id).spec.recovery == "in-process"
@@ -35,22 +48,38 @@ def test_an_opted_in_job_gets_its_recover_file_and_falls_back_to_a_full_restart(
         timeout_s=90,
         what="every rank past step 5",
     )
-    for mark in out.glob("at-5-*"):
-        mark.unlink()  # the restarted attempt marks again
+    (attempt,) = cluster.client.job(job.id).attempts
+    pids = {r.rank: r.pid for r in attempt.ranks}
     # 145 steps of 0.1 s are left: the kill lands long before the attempt could end
     cluster.client.chaos(ChaosRequest(node="workers-1", fault="kill-worker", rank=3))
     done = cluster.wait_job(job.id, timeout_s=180)
     assert done.state == "completed", cluster.describe(done)
-    first, second = done.attempts
-    assert first.cause == "crash"
-    assert all(r.exit_code == 0 for r in second.ranks)
-    kinds = [e.kind for e in cluster.client.events(job_id=job.id)]
-    assert kinds.count("recovery_decision") == 1
-    results = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(4)]
-    assert {r["steps"] for r in results} == {150}
-    assert len({json.dumps(r["params"]) for r in results}) == 1
+    (same,) = done.attempts  # no second attempt: the first one was kept
+    assert same.number == attempt.number == 1
+    assert all(r.exit_code == 0 for r in same.ranks)
+
+    events = cluster.client.events(job_id=job.id)
+    kinds = [e.kind for e in events]
+    assert "recovery_decision" not in kinds and "fault_detected" not in kinds
+    (started,) = [e for e in events if e.kind == "in_process_recovery_started"]
+    (recovered,) = [e for e in events if e.kind == "in_process_recovery_done"]
+    assert (started.data["rank"], started.data["generation"], started.data["replaced"]) == (
+        3,
+        1,
+        [3],
+    )
+    assert recovered.data["generation"] == 1 and recovered.data["duration_s"] > 0
+
+    results = _results(out)
+    assert {r: results[r]["pid"] for r in (0, 1, 2)} == {r: pids[r] for r in (0, 1, 2)}
+    assert results[3]["pid"] != pids[3]  # the killed rank is a new process
+    assert {r["steps"] for r in results.values()} == {STEPS}
+    assert {r["generation"] for r in results.values()} == {1}
+    for r in range(4):  # the model of the undisturbed run, bit for bit
+        assert results[r]["final_loss"] == undisturbed[r]["final_loss"]
+        assert results[r]["params"] == undisturbed[r]["params"]
     # every rank was told where its node's recover file is: the job's scratch dir there
-    files = [r["recover_file"] for r in results]
+    files = [results[r]["recover_file"] for r in range(4)]
     assert all(f.endswith(f"job-{job.id}/recover.json") for f in files), files
     assert files[0] == files[1] != files[2] == files[3]
     cluster.wait_idle()

@@ -255,6 +255,54 @@ SAMPLES: list[tuple[ev.Event, dict[str, Any]]] = [
         ),
     ),
     (
+        ev.InProcessRecoveryStarted(
+            job_id=3,
+            attempt=1,
+            node=N1,
+            generation=1,
+            rank=3,
+            replaced=(3,),
+            master_port=29501,
+            deadline_s=60.0,
+            reason="rank 3 on workers-1 was killed by signal 9",
+        ),
+        dict(
+            kind="in_process_recovery_started",
+            job_id=3,
+            attempt=1,
+            node=N1,
+            generation=1,
+            rank=3,
+            replaced=[3],
+            master_port=29501,
+            deadline_s=60.0,
+            reason="rank 3 on workers-1 was killed by signal 9",
+        ),
+    ),
+    (
+        ev.InProcessRecoveryDone(job_id=3, attempt=1, generation=1, rank=3, duration_s=6.5),
+        dict(
+            kind="in_process_recovery_done",
+            job_id=3,
+            attempt=1,
+            generation=1,
+            rank=3,
+            duration_s=6.5,
+        ),
+    ),
+    (
+        ev.InProcessRecoveryAbandoned(
+            job_id=3, attempt=1, generation=1, reason="a second fault while generation 1"
+        ),
+        dict(
+            kind="in_process_recovery_abandoned",
+            job_id=3,
+            attempt=1,
+            generation=1,
+            reason="a second fault while generation 1",
+        ),
+    ),
+    (
         ev.RecoveryDecision(
             job_id=3,
             attempt=1,

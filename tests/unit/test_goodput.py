@@ -150,6 +150,23 @@ def test_clean_single_attempt() -> None:
     assert (a.first_step, a.last_step, a.state, a.nodes) == (0, 99, "succeeded", [W0, W1])
 
 
+def test_an_in_process_recovery_is_its_own_lost_time() -> None:
+    """Rank 1 killed at 40.0, running again at 46.5 (ADR 0026): the same attempt goes on."""
+    done = ev(46.5, "in_process_recovery_done", 1, generation=1, rank=1, duration_s=6.5)
+    r = report([*start(), done, *clean()[len(start()) :]])
+    assert nonzero(r) == {
+        "queued": 2,
+        "startup": 9.5,
+        "productive": 99 - 6.5,
+        "in_process": 6.5,
+        "shutdown": 2.5,
+    }
+    assert r.attempts[0].in_process == [(T0 + 40.0, T0 + 46.5)]
+    no_beacons = [e for e in [*start(), done, *clean()[len(start()) :]] if e[1] != "first_beacon"]
+    no_beacons = [e for e in no_beacons if e[1] != "attempt_progress"]
+    assert nonzero(report(no_beacons))["in_process"] == pytest.approx(6.5)
+
+
 def test_no_beacons() -> None:
     r = report([e for e in clean() if e[1] not in ("first_beacon", "attempt_progress")])
     assert nonzero(r) == {"queued": 2, "startup": 1, "running_no_beacons": 109, "shutdown": 1}

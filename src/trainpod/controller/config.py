@@ -51,6 +51,7 @@ class ControllerConfig:
     auto_repair: bool = True
     retire_after: int = 3
     deep_check_timeout_s: float = 180.0
+    in_process_deadline_s: float = 60.0  # a replaced rank must run again within (ADR 0026)
     event_retention_days: float = 30.0  # older events go, except those of live jobs
     preemption: PreemptionConfig = PreemptionConfig()
     extra: dict[str, str] = field(default_factory=dict)

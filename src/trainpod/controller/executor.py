@@ -31,6 +31,7 @@ from trainpod.controller.policy import (
     crash_signature,
     decide,
 )
+from trainpod.controller.rung import InProcessRung
 from trainpod.controller.transitions import HEALTHY_NODE_STATES, HELD_NODE_STATES, Transitions
 from trainpod.model.events import (
     AttemptProgress,
@@ -62,6 +63,11 @@ class Executor:
     beacons: BeaconBook
     holds: dict[int, Hold] = field(default_factory=dict, init=False)
     """Why each queued job waits, as the scheduler said on its last pass."""
+    rung: InProcessRung = field(init=False)
+    """The in-process rung (ADR 0026), applied before the judge sees a rank's failure."""
+
+    def __post_init__(self) -> None:
+        self.rung = InProcessRung(self.store, self.cfg, self.tx)
 
     # -- the scheduler's decisions ------------------------------------------------------------
     def schedule(self, decisions: Iterable[SchedulerDecision], now: float) -> bool:
@@ -99,7 +105,17 @@ class Executor:
             return
         job = self.tx.job(attempt.job_id)
         ranks = self.store.ranks(attempt.id)
-        verdict = judging.judge(attempt, ranks, cancel_requested=job.cancel_requested, tails=tails)
+        recovering: frozenset[int] = frozenset()
+        if job.spec.get("recovery") == "in-process":  # the rung's (ADR 0026); cheap otherwise
+            recovering = self.rung.recovering(attempt, ranks, self._restarts_left(job), now)
+            attempt = self.store.attempt(attempt_id) or attempt
+        verdict = judging.judge(
+            attempt,
+            ranks,
+            cancel_requested=job.cancel_requested,
+            tails=tails,
+            recovering=recovering,
+        )
         if verdict is None:
             return
         fields: dict[str, Any] = {}
@@ -114,11 +130,26 @@ class Executor:
         assert ended is not None
         self._after_attempt(self.tx.job(job.id), ended, verdict, now)
 
+    def recovery_deadlines(self, now: float) -> None:
+        """In-process recoveries past their deadline fall back to a full restart."""
+        for attempt, failure in self.rung.overdue(now):
+            self.stop_attempt(attempt, judging.CAUSE_RANK_FAILED, failure, now)
+
+    def _restarts_left(self, job: JobRow) -> int:
+        """Restarts ``job`` may still use: in-process recoveries count as restarts."""
+        spec = self.tx.spec(job)
+        most = spec.max_restarts if spec.max_restarts is not None else self.cfg.max_restarts
+        attempts = self.store.attempts(job.id)
+        used = sum(self.fault_of(a).kind.value in _COUNTING for a in attempts if a.state.ended)
+        return most - used - sum(a.in_process.generation for a in attempts)
+
     def stop_attempt(self, attempt: AttemptRow, cause: str, failure: Failure, now: float) -> None:
         """Begin tearing an attempt down because of something seen outside its ranks (a
         fault, a preemption), and record the fault now."""
         if attempt.state.ended or attempt.state is AttemptState.STOPPING:
             return
+        if attempt.in_process.pending and cause != judging.CAUSE_RANK_FAILED:
+            self.rung.abandon(attempt, f"{cause}: {failure.reason or 'the attempt stopped'}", now)
         self.tx.set_attempt(
             attempt, AttemptState.STOPPING, now, cause=cause, failure=failure.to_json()
         )
@@ -293,7 +324,8 @@ class Executor:
             max_restarts=spec.max_restarts
             if spec.max_restarts is not None
             else self.cfg.max_restarts,
-            restarts_used=sum(self.fault_of(a).kind.value in _COUNTING for a in earlier),
+            restarts_used=sum(self.fault_of(a).kind.value in _COUNTING for a in earlier)
+            + sum(a.in_process.generation for a in attempts),
             node_restarts_used=_trailing(self.fault_of(a).kind.node_fault for a in earlier),
             nodes=spec.nodes,
             min_nodes=spec.min_nodes,

@@ -205,7 +205,14 @@ class HeartbeatIngest:
             rows = {r.rank: r for r in self.store.ranks(attempt.id)}
             for rr in rep.ranks:
                 row = rows.get(rr.rank)
-                if row is None or row.node != node or row.state.ended:
+                if row is None or row.node != node:
+                    continue
+                if row.state.ended:  # final, unless started again in process (ADR 0026)
+                    rung = self.executor.rung
+                    if rr.state == "running" and rung.restarted(
+                        attempt, row, rr.pid, rr.started_at, now
+                    ):
+                        touched.add(attempt.id)
                     continue
                 if row.state is RankState.PENDING:
                     self.store.update_rank(

@@ -5,6 +5,9 @@ signal, or lost with its node) the attempt goes to ``stopping`` and every other 
 torn down; once every rank that started has ended it is ``failed``. A cancel request takes
 the same path and ends ``cancelled``. Whether a failed attempt is retried is the recovery
 policy's call, not this module's.
+
+A rank being started again by an in-process recovery (``recovering``, ADR 0026) is neither
+failed nor ended: its attempt goes on while the recovery lasts.
 """
 
 from __future__ import annotations
@@ -55,11 +58,16 @@ def judge(
     *,
     cancel_requested: bool,
     tails: dict[int, str] | None = None,
+    recovering: frozenset[int] = frozenset(),
 ) -> Verdict | None:
     """The attempt's next state, or None when it stays as it is."""
     if attempt.state.ended:
         return None
     tails = tails or {}
+    if recovering:
+        ranks = [r for r in ranks if r.rank not in recovering]
+        if not ranks:
+            return None
     all_ended = all(r.state.ended for r in ranks)
     # Teardown waits only for ranks that started: once an attempt stops, its nodes get kill
     # orders instead of launch orders, so a pending rank never starts (and an agent that

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from trainpod.api.models import DeepCheckOrder, KillOrder, LaunchOrder, Orders
+from trainpod.api.models import DeepCheckOrder, KillOrder, LaunchOrder, Orders, RecoverOrder
 from trainpod.clock import Clock
 from trainpod.controller import checkpoints
 from trainpod.controller.books import ChaosBook
@@ -64,6 +64,7 @@ class OrderDesk:
     def _orders(self, node: str, shared: _Shared) -> Orders:
         launch: list[LaunchOrder] = []
         kill: list[KillOrder] = []
+        recover: list[RecoverOrder] = []
         active: set[int] = set()
         for attempt in shared.attempts:
             if node not in attempt.nodes:
@@ -75,8 +76,11 @@ class OrderDesk:
             if attempt.state is AttemptState.STOPPING:
                 if any(not r.state.ended for r in mine):
                     kill.append(self.kill_order(attempt))
-            elif any(r.state is RankState.PENDING for r in mine):
-                launch.append(self.launch_order(attempt, node))
+            else:
+                if any(r.state is RankState.PENDING for r in mine):
+                    launch.append(self.launch_order(attempt, node))
+                if attempt.in_process.generation > 0:
+                    recover.append(self.recover_order(attempt, shared.ranks[attempt.id], mine))
         for attempt_id in sorted(self.running.get(node, set()) - active):
             kill.append(KillOrder(attempt_id=attempt_id, grace_s=0.0, reason="attempt ended"))
         deep = None
@@ -87,6 +91,7 @@ class OrderDesk:
         return Orders(
             launch=launch,
             kill=kill,
+            recover=recover,
             deep_check=deep,
             chaos=self.chaos.pending(node),
             heartbeat_interval_s=self.cfg.heartbeat_interval_s,
@@ -112,6 +117,25 @@ class OrderDesk:
             reason=attempt.cause,
             notice_signal=self.cfg.preemption.signal,
             notice_grace_s=self.cfg.preemption.grace_s if notice is None else notice,
+        )
+
+    def recover_order(
+        self, attempt: AttemptRow, ranks: Sequence[RankRow], mine: Sequence[RankRow]
+    ) -> RecoverOrder:
+        """The newest generation of an attempt recovered in process (ADR 0026), for every
+        node of it (the agent acts on a generation once); ``respawn``: this node's replaced
+        ranks."""
+        ip = attempt.in_process
+        assert ip.master_port is not None
+        return RecoverOrder(
+            attempt_id=attempt.id,
+            generation=ip.generation,
+            master_addr=attempt.master_addr,
+            master_port=ip.master_port,
+            world_size=len(ranks),
+            replaced=list(ip.replaced),
+            respawn=[r.rank for r in mine if r.rank in ip.replaced],
+            deadline_s=self.cfg.in_process_deadline_s,
         )
 
     def launch_order(self, attempt: AttemptRow, node: str) -> LaunchOrder:

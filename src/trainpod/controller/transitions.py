@@ -133,6 +133,10 @@ class Transitions:
         )
 
     # -- attempts and nodes -------------------------------------------------------------------
+    def new_port(self, addr: str) -> int:
+        """A fresh port on ``addr`` for a rendezvous store (an attempt's, or a new generation's)."""
+        return self._ports(addr)
+
     def start_attempt(
         self, job: JobRow, nodes: list[str], now: float, restart_reason: str = ""
     ) -> AttemptRow:

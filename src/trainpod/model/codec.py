@@ -80,6 +80,14 @@ def _names(v: Any) -> Any:
     return (str(v),) if v else ()
 
 
+def _ints(v: Any) -> Any:
+    """A list of integers (rank numbers); one that is not an integer makes it bad."""
+    if not isinstance(v, list | tuple):
+        return BAD
+    out = tuple(_int(x) for x in v)
+    return BAD if any(x is BAD for x in out) else out
+
+
 def _mapping(v: Any) -> Any:
     """name -> name; a list of names reads as names -> "" (what they map to is unknown)."""
     if isinstance(v, dict):
@@ -120,6 +128,8 @@ def _decoder(hint: Any) -> tuple[Callable[[Any], Any], bool]:
         return _choice(args), False
     if origin is tuple and args[1:] == (...,) and args[0] is str:
         return _names, False
+    if origin is tuple and args == (int, ...):
+        return _ints, False
     if origin is dict and args == (str, str):
         return _mapping, False
     raise TypeError(f"no event decoder for {hint!r}")

@@ -575,6 +575,52 @@ class RecoveryDecision(KnownEvent):
     exclude: tuple[str, ...] | None = field(default=None, metadata=_OMIT_NONE)
 
 
+@_register
+@dataclass(frozen=True, kw_only=True)
+class InProcessRecoveryStarted(KnownEvent):
+    """A job with ``recovery: in-process`` keeps its attempt after a rank failed (ADR 0026):
+    the attempt's group is re-formed as ``generation`` on ``master_port``, the ``replaced``
+    ranks start again in it, the others stay. Given up at ``deadline_s`` from now."""
+
+    kind = "in_process_recovery_started"
+    job_id: int
+    attempt: int
+    node: str | None
+    generation: int
+    rank: int
+    replaced: tuple[int, ...]
+    master_port: int
+    deadline_s: float
+    reason: str = ""
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class InProcessRecoveryDone(KnownEvent):
+    """Every replaced rank of ``generation`` runs again: ``duration_s`` from the fault."""
+
+    kind = "in_process_recovery_done"
+    job_id: int
+    attempt: int
+    generation: int
+    rank: int
+    duration_s: float
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class InProcessRecoveryAbandoned(KnownEvent):
+    """An in-process recovery given up for today's full restart, and why (a second fault
+    while the group was being formed, a rank that could not re-join, the node lost, the
+    deadline passed) or not tried (``generation`` 0: the fault does not allow it)."""
+
+    kind = "in_process_recovery_abandoned"
+    job_id: int
+    attempt: int
+    generation: int
+    reason: str
+
+
 # External schedulers (Slurm) -------------------------------------------------------------
 
 

@@ -157,4 +157,9 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (job_id, attempt, node)
     );
     """,
+    # 8: an attempt's in-process recovery (ADR 0026): its newest generation, that group's
+    # port, the ranks started again, the deadline, whether it is still being formed
+    """
+    ALTER TABLE attempts ADD COLUMN in_process TEXT NOT NULL DEFAULT '{}';
+    """,
 ]

@@ -43,7 +43,7 @@ _JOB_COLUMNS = {
     "external",
     "held_by",
 }
-_ATTEMPT_COLUMNS = {"state", "started_at", "ended_at", "cause", "failure"}
+_ATTEMPT_COLUMNS = {"state", "started_at", "ended_at", "cause", "failure", "in_process"}
 _RANK_COLUMNS = {"state", "pid", "exit_code", "signal", "started_at", "ended_at"}
 
 

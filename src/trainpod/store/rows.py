@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import Any
 
 from trainpod.model.failures import Failure, RepairState
+from trainpod.model.recovery import InProcess
 from trainpod.model.states import AttemptState, JobState, NodeState, RankState
 
 _NO_REPAIR = RepairState()
@@ -155,6 +156,7 @@ class AttemptRow:
     cause: str
     failure: Failure = field(default_factory=Failure)
     restart_reason: str = ""
+    in_process: InProcess = field(default_factory=InProcess)
 
     @classmethod
     def from_sql(cls, r: sqlite3.Row) -> AttemptRow:
@@ -172,6 +174,7 @@ class AttemptRow:
             cause=r["cause"],
             failure=Failure.from_json(json.loads(r["failure"])),
             restart_reason=r["restart_reason"],
+            in_process=InProcess.from_json(json.loads(r["in_process"])),
         )
 
 

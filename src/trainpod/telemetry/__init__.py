@@ -7,6 +7,8 @@ Goodput (``compute_goodput``) splits a job's wall clock into these buckets, in s
 - checkpoint_stall: what the job reports as its loop blocked on checkpoint saves.
 - recomputed: steps an earlier attempt had already reached, redone (times the step time),
   plus a failed attempt's last beacon → fault_at (the work lost since the last step).
+- in_process: an in-process recovery (ADR 0026) inside an attempt: the fault → the replaced
+  ranks running again (``in_process_recovery_done``), taken out of the time around it.
 - detection: fault_at → fault_detected; teardown: fault_detected → the attempt's end.
 - restart: that end → the next attempt's first rank, less waiting_for_spare (a ``wait``
   recovery decision → the next attempt_created).

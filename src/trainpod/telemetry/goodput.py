@@ -21,6 +21,7 @@ from trainpod.model.events import (
     FaultClassified,
     FaultDetected,
     FirstBeacon,
+    InProcessRecoveryDone,
     JobPreempted,
     RankStarted,
     RecoveryDecision,
@@ -35,6 +36,7 @@ BUCKETS = (  # in display order
     "running_no_beacons",
     "checkpoint_stall",
     "recomputed",
+    "in_process",
     "detection",
     "teardown",
     "restart",
@@ -86,6 +88,8 @@ class AttemptTimeline:
     checkpoint_stall_s: float = 0.0
     last_checkpoint_step: int | None = None
     preempted_at: float | None = None  # its notice: job_preempted
+    in_process: list[tuple[float, float]] = field(default_factory=list)
+    """Its in-process recoveries (ADR 0026): fault → the replaced ranks running again."""
 
 
 _A = AttemptTimeline
@@ -196,6 +200,8 @@ def _collect(job: JobInfo, evs: list[EventInfo], notes: list[str]) -> tuple[list
                 a.last_checkpoint_step = e.last_checkpoint_step
             case JobPreempted():
                 a.preempted_at = _min(a.preempted_at, ts)
+            case InProcessRecoveryDone() as e:
+                a.in_process.append((ts - max(0.0, e.duration_s), ts))
             case RecoveryDecision() as e:
                 a.recovery = e.action
                 a.waiting_since = _min(a.waiting_since, ts if e.action == "wait" else None)
@@ -243,6 +249,8 @@ def _beaconed(sw: _Sweep, a: _A, last: float | None, earlier: list[_A]) -> None:
             sw.notes.append(f"{label}{steps} steps redone, but no step time to size them")
         redo = steps * (step_time or 0.0)
     stall = a.checkpoint_stall_s
+    kept = _in_process(sw, a, a.first_beacon_at, last, span)
+    span -= kept
     if (over := redo + stall - span) > _EPS:
         sw.notes.append(f"{label}recomputed + checkpoint stall exceed its beacons by {over:.3f}s")
     redo = min(redo, span)
@@ -253,6 +261,19 @@ def _beaconed(sw: _Sweep, a: _A, last: float | None, earlier: list[_A]) -> None:
     )
     sw.b["checkpoint_stall"] += stall
     sw.b["productive"] += span - redo - stall
+
+
+def _in_process(sw: _Sweep, a: _A, lo: float | None, hi: float | None, span: float) -> float:
+    """Move the time ``a``'s in-process recoveries took within [lo, hi] (at most ``span``)
+    to ``in_process``; the seconds moved. Counted from the fault to the replaced ranks
+    running again: the healthy ranks' re-join after that and the one step a recovery may
+    redo stay in the surrounding bucket."""
+    if lo is None or hi is None or not a.in_process:
+        return 0.0
+    took = sum(max(0.0, min(b, hi) - max(f, lo)) for f, b in a.in_process)
+    took = min(took, span)
+    sw.b["in_process"] += took
+    return took
 
 
 def _attempt(sw: _Sweep, a: _A, earlier: list[_A], final: bool, ended: bool) -> None:
@@ -272,7 +293,8 @@ def _attempt(sw: _Sweep, a: _A, earlier: list[_A], final: bool, ended: bool) -> 
     last = a.last_beacon_at
     if a.first_beacon_at is None:
         sw.notes.append(f"{label}sent no progress beacons: its run time is running_no_beacons")
-        sw.add("running_no_beacons", a.first_rank_at, upto, label)
+        span = sw.span(f"{label}running_no_beacons", a.first_rank_at, upto)
+        sw.b["running_no_beacons"] += span - _in_process(sw, a, a.first_rank_at, upto, span)
     elif last is None and active:
         sw.notes.append(f"{label}still running: productive is estimated from its first beacon")
         _beaconed(sw, a, upto, earlier)

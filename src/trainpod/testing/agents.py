@@ -38,6 +38,7 @@ from trainpod.api.models import (
     LifecycleStatus,
     Orders,
     RankBeacon,
+    RecoverOrder,
 )
 from trainpod.clock import Clock
 from trainpod.controller.config import ControllerConfig, NodeDecl
@@ -115,6 +116,8 @@ class FakeAgent:
         self._runs: dict[int, _Run] = {}
         self._beacons = BeaconBook(_AgentClock(self))  # the real agent's book
         self._seen: set[int] = set()  # every attempt ever launched here; never launch twice
+        self._generations: dict[int, int] = {}  # attempt -> newest in-process generation
+        self.recovered: list[RecoverOrder] = []  # every recover order acted on, in order
         self._clock = clock
         self.health: dict[str, HealthResult] = {}  # check -> latest result, sent every beat
         self.deep_check: DeepCheckResult | None = None  # sent every beat once set
@@ -304,6 +307,25 @@ class FakeAgent:
                 run.ranks[slot.rank] = _Rank(slot.rank, slot.local_rank, now, pid=next(_pids))
                 started.append(slot.rank)
             self._runs[launch.attempt_id] = run
+        return started
+
+    def recover_ranks(self, orders: Orders | None = None) -> list[int]:
+        """Obey the recover orders (default: the last orders) as ``Launcher.recover`` does:
+        once per generation, start this node's replaced ranks again (new fake pids; one
+        still running is ended first). Returns the ranks started now."""
+        orders = orders if orders is not None else self.orders
+        started: list[int] = []
+        now = self._now()
+        for rec in orders.recover if orders is not None else []:
+            run = self._runs.get(rec.attempt_id)
+            if run is None or rec.generation <= self._generations.get(rec.attempt_id, 0):
+                continue
+            self._generations[rec.attempt_id] = rec.generation
+            self.recovered.append(rec)
+            for rank in rec.respawn:
+                old = run.ranks[rank]
+                run.ranks[rank] = _Rank(rank, old.local_rank, now, pid=next(_pids))
+                started.append(rank)
         return started
 
     def exit_rank(

@@ -1,0 +1,247 @@
+"""The in-process rung of the recovery ladder (ADR 0026): keep the attempt, re-form its group.
+
+:func:`decide_rung` is pure: for a running attempt of a job with ``recovery: in-process``
+whose ranks just failed it says whether they are started again in the same attempt
+(:class:`RecoverInProcess`) or the fault goes down today's path, a full restart
+(:class:`FallBack`, with the reason). :class:`InProcessRung` applies what it says to the
+store, for the :class:`~trainpod.controller.executor.Executor`, which alone stops attempts.
+
+"Confirmed" is: every replaced rank runs again (its agent reports the new process). The
+healthy ranks' half (re-joining the new group on its fresh port) is theirs: one that cannot
+re-join within the deadline exits with 75, and that exit ends the attempt the old way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from trainpod.controller.config import ControllerConfig
+from trainpod.controller.judge import describe_failure, first_failure
+from trainpod.controller.transitions import HEALTHY_NODE_STATES, Transitions
+from trainpod.elastic.protocol import EXIT_RECOVERY_FAILED
+from trainpod.model.events import (
+    InProcessRecoveryAbandoned,
+    InProcessRecoveryDone,
+    InProcessRecoveryStarted,
+    RankStarted,
+)
+from trainpod.model.failures import Failure
+from trainpod.model.recovery import InProcess
+from trainpod.model.states import AttemptState, RankState
+from trainpod.store.repo import Store
+from trainpod.store.rows import AttemptRow, RankRow
+
+CAUSE_IN_PROCESS = "in_process"
+"""The goodput cause of the time an in-process recovery took."""
+
+
+@dataclass(frozen=True)
+class RecoverInProcess:
+    generation: int
+    rank: int  # the rank that failed first
+    replaced: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class FallBack:
+    reason: str
+
+
+RungDecision = RecoverInProcess | FallBack
+
+
+def decide_rung(
+    *,
+    opted_in: bool,
+    attempt: AttemptRow,
+    ranks: Sequence[RankRow],
+    healthy_nodes: frozenset[str],
+    restarts_left: int,
+    cancel_requested: bool,
+) -> RungDecision | None:
+    """The rung's call for ``attempt``; None: not this rung's business (not opted in, not
+    running, no new failure, or a recovery still being formed with nothing new)."""
+    if not opted_in or cancel_requested or attempt.state is not AttemptState.RUNNING:
+        return None
+    ip = attempt.in_process
+    pending = set(ip.replaced) if ip.pending else set()
+    failed = [r for r in ranks if r.failed and r.rank not in pending]
+    if not failed:
+        return None
+    first = min(failed, key=lambda r: (r.ended_at or float("inf"), r.rank))
+    what = describe_failure(first_failure([first], {}) or Failure())
+    if ip.pending:
+        return FallBack(f"a second fault while generation {ip.generation} was being formed: {what}")
+    if any(r.state is RankState.LOST for r in failed):
+        return FallBack(f"{what}: its ranks cannot be started there")
+    if any(r.exit_code == EXIT_RECOVERY_FAILED for r in failed):
+        return FallBack(f"{what} ({EXIT_RECOVERY_FAILED}: it could not re-join its group)")
+    sick = sorted({r.node for r in failed} - healthy_nodes)
+    if sick:
+        return FallBack(f"{what}, and {', '.join(sick)} is not healthy")
+    if restarts_left <= 0:
+        return FallBack(f"{what}; no restarts left (max_restarts)")
+    replaced = tuple(sorted(r.rank for r in failed))
+    return RecoverInProcess(ip.generation + 1, first.rank, replaced, what)
+
+
+@dataclass
+class InProcessRung:
+    store: Store
+    cfg: ControllerConfig
+    tx: Transitions
+
+    def recovering(
+        self, attempt: AttemptRow, ranks: Sequence[RankRow], restarts_left: int, now: float
+    ) -> frozenset[int]:
+        """Apply the rung to ``attempt`` (a rank report or a stop just touched it); the ranks
+        the judge must treat as still running (the ones being started again)."""
+        job = self.tx.job(attempt.job_id)
+        healthy = frozenset(n.name for n in self.store.nodes() if n.state in HEALTHY_NODE_STATES)
+        decision = decide_rung(
+            opted_in=self.tx.spec(job).recovery == "in-process",
+            attempt=attempt,
+            ranks=ranks,
+            healthy_nodes=healthy,
+            restarts_left=restarts_left,
+            cancel_requested=job.cancel_requested,
+        )
+        ip = attempt.in_process
+        if isinstance(decision, FallBack):
+            self.abandon(attempt, decision.reason, now)
+            return frozenset()
+        if isinstance(decision, RecoverInProcess):
+            return self._start(attempt, ranks, decision, now)
+        return frozenset(ip.replaced) if ip.pending else frozenset()
+
+    def _start(
+        self, attempt: AttemptRow, ranks: Sequence[RankRow], d: RecoverInProcess, now: float
+    ) -> frozenset[int]:
+        port = self.tx.new_port(attempt.master_addr)
+        fault_at = min((r.ended_at or now) for r in ranks if r.rank in d.replaced)
+        deadline = self.cfg.in_process_deadline_s
+        ip = InProcess(
+            generation=d.generation,
+            master_port=port,
+            replaced=d.replaced,
+            fault_rank=d.rank,
+            fault_at=fault_at,
+            started_at=now,
+            deadline_at=now + deadline,
+            pending=True,
+        )
+        self.store.update_attempt(attempt.id, in_process=ip.to_json())
+        node = next(r.node for r in ranks if r.rank == d.rank)
+        self.store.append(
+            now,
+            InProcessRecoveryStarted(
+                job_id=attempt.job_id,
+                attempt=attempt.number,
+                node=node,
+                generation=d.generation,
+                rank=d.rank,
+                replaced=d.replaced,
+                master_port=port,
+                deadline_s=deadline,
+                reason=d.reason,
+            ),
+        )
+        self.tx.wake.bump()
+        return frozenset(d.replaced)
+
+    def abandon(self, attempt: AttemptRow, reason: str, now: float) -> None:
+        """Give an opted-in attempt's recovery up (or say why none is tried): the fault
+        goes the old way."""
+        ip = attempt.in_process
+        if self.tx.spec(self.tx.job(attempt.job_id)).recovery != "in-process":
+            return
+        if ip.pending:
+            self.store.update_attempt(attempt.id, in_process=replace(ip, pending=False).to_json())
+        self.store.append(
+            now,
+            InProcessRecoveryAbandoned(
+                job_id=attempt.job_id,
+                attempt=attempt.number,
+                generation=ip.generation if ip.pending else 0,
+                reason=reason,
+            ),
+        )
+
+    def restarted(
+        self,
+        attempt: AttemptRow,
+        row: RankRow,
+        pid: int | None,
+        started_at: float | None,
+        now: float,
+    ) -> bool:
+        """A replaced rank runs again (its agent's report): its row goes back to running
+        with the new process; True if so. Once every replaced rank runs, the recovery is
+        done."""
+        ip = attempt.in_process
+        if not ip.pending or row.rank not in ip.replaced or attempt.state.ended:
+            return False
+        if attempt.state is AttemptState.STOPPING:
+            return False
+        self.store.update_rank(
+            attempt.id,
+            row.rank,
+            state=RankState.RUNNING,
+            pid=pid,
+            started_at=started_at or now,
+            exit_code=None,
+            signal=None,
+            ended_at=None,
+        )
+        self.store.append(
+            now,
+            RankStarted(
+                node=row.node,
+                job_id=attempt.job_id,
+                attempt=attempt.number,
+                rank=row.rank,
+                pid=pid,
+                started_at=started_at,
+            ),
+        )
+        ranks = {r.rank: r for r in self.store.ranks(attempt.id)}
+        if all(ranks[r].state is RankState.RUNNING for r in ip.replaced):
+            self.store.update_attempt(attempt.id, in_process=replace(ip, pending=False).to_json())
+            self.store.append(
+                now,
+                InProcessRecoveryDone(
+                    job_id=attempt.job_id,
+                    attempt=attempt.number,
+                    generation=ip.generation,
+                    rank=ip.fault_rank if ip.fault_rank is not None else row.rank,
+                    duration_s=max(0.0, now - (ip.fault_at or ip.started_at or now)),
+                ),
+            )
+        return True
+
+    def overdue(self, now: float) -> list[tuple[AttemptRow, Failure]]:
+        """Attempts whose recovery passed its deadline: given up here; the executor stops
+        each with the failure returned."""
+        out: list[tuple[AttemptRow, Failure]] = []
+        for attempt in self.store.active_attempts():
+            ip = attempt.in_process
+            if attempt.state is not AttemptState.RUNNING:
+                continue  # stopping already (cancelled): nothing to give up
+            if not ip.pending or ip.deadline_at is None or now < ip.deadline_at:
+                continue
+            waiting = [
+                r
+                for r in self.store.ranks(attempt.id)
+                if r.rank in ip.replaced and r.state is not RankState.RUNNING
+            ]
+            names = ", ".join(str(r.rank) for r in waiting) or "?"
+            why = (
+                f"generation {ip.generation}: rank {names} not running again within "
+                f"{self.cfg.in_process_deadline_s:g} s"
+            )
+            self.abandon(attempt, why, now)
+            first = first_failure(waiting, {}) or Failure()
+            out.append((attempt, replace(first, reason=why, fault_at=ip.fault_at)))
+        return out

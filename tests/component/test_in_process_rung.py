@@ -1,0 +1,174 @@
+"""The controller's in-process rung (ADR 0026), stepped with fake agents and a fake clock.
+
+A job with ``recovery: in-process`` keeps its attempt when a rank fails on a healthy node:
+the controller orders a new generation of the group, the failed rank runs again in the
+same attempt, and anything that goes wrong on the way falls back to a full restart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .conftest import PORT
+from .healing import HealingCluster, Make
+
+KILLED = 9
+
+
+def _opted_in(c: HealingCluster, **kw: Any) -> tuple[int, int]:
+    job = c.submit(auto_resume=True, recovery="in-process", **kw)
+    attempt = c.start(job)
+    c.tick(30)
+    return job, attempt
+
+
+def _pids(c: HealingCluster, job: int) -> dict[int, int | None]:
+    return {r.rank: r.pid for r in c.job(job).attempts[-1].ranks}
+
+
+def test_a_killed_rank_runs_again_in_the_same_attempt(make: Make) -> None:
+    c = make()
+    job, attempt = _opted_in(c)
+    a0, a1 = c.agents["workers-0"], c.agents["workers-1"]
+    before = _pids(c, job)
+    killed_at = c.clock.now()
+    a1.exit_rank(attempt, 3, signal=KILLED)
+    a1.beat()
+    info = c.job(job)
+    assert (info.state, info.attempts[0].state) == ("running", "running")
+    (started,) = c.events("in_process_recovery_started", job_id=job)
+    assert (started.node, started.data["generation"], started.data["rank"]) == ("workers-1", 1, 3)
+    assert started.data["replaced"] == [3]
+    assert started.data["master_port"] == PORT + 1  # a fresh store, never the attempt's
+    assert started.data["reason"] == "rank 3 on workers-1 was killed by signal 9"
+
+    # every node of the attempt is told; only workers-1 starts a rank again
+    (r0,) = a0.beat().recover
+    orders = a1.beat()
+    (r1,) = orders.recover
+    assert (r0.generation, r0.master_port, r0.world_size, r0.replaced) == (1, PORT + 1, 4, [3])
+    assert (r0.respawn, r1.respawn) == ([], [3])
+    assert orders.launch == [] and orders.kill == []
+    c.clock.advance(4)
+    assert a1.recover_ranks(orders) == [3]
+    a1.beat()
+
+    after = _pids(c, job)
+    assert after[3] != before[3] and {r: after[r] for r in (0, 1, 2)} == {
+        r: before[r] for r in (0, 1, 2)
+    }
+    info = c.job(job)
+    assert [r.state for r in info.attempts[0].ranks] == ["running"] * 4
+    (done,) = c.events("in_process_recovery_done", job_id=job)
+    assert (done.data["generation"], done.data["rank"]) == (1, 3)
+    assert done.data["duration_s"] == c.clock.now() - killed_at
+    assert c.events("fault_detected", job_id=job) == []
+    assert c.decisions(job) == []
+    assert a1.recover_ranks(a1.beat()) == []  # a generation is acted on once
+
+    c.finish(job)
+    info = c.job(job)
+    assert info.state == "completed" and len(info.attempts) == 1
+
+
+def test_a_second_fault_during_the_recovery_falls_back_to_a_full_restart(make: Make) -> None:
+    c = make()
+    job, attempt = _opted_in(c)
+    a0, a1 = c.agents["workers-0"], c.agents["workers-1"]
+    a1.exit_rank(attempt, 3, signal=KILLED)
+    a1.beat()
+    c.clock.advance(1)
+    a0.exit_rank(attempt, 1, code=1)  # before rank 3 runs again
+    a0.beat()
+    (gave_up,) = c.events("in_process_recovery_abandoned", job_id=job)
+    assert gave_up.data["generation"] == 1
+    assert gave_up.data["reason"] == (
+        "a second fault while generation 1 was being formed: rank 1 on workers-0 exited with code 1"
+    )
+    info = c.job(job)
+    assert (info.attempts[0].state, info.attempts[0].cause) == ("stopping", "crash")
+    assert info.attempts[0].failure["rank"] == 3  # the first fault is the attempt's
+    assert a1.recover_ranks(a1.beat()) == []  # a stopping attempt is not recovered
+    c.teardown(job)
+    info = c.job(job)
+    assert [a.number for a in info.attempts] == [1, 2]
+    assert c.decisions(job) == [("restart", "restart after crash", ["workers-0", "workers-1"])]
+    assert c.events("in_process_recovery_done", job_id=job) == []
+
+
+def test_a_rank_that_could_not_rejoin_falls_back_to_a_full_restart(make: Make) -> None:
+    c = make()
+    job, attempt = _opted_in(c)
+    a1 = c.agents["workers-1"]
+    a1.exit_rank(attempt, 2, code=75, tail="gave generation 1 up: no message in 60 s")
+    a1.beat()
+    (gave_up,) = c.events("in_process_recovery_abandoned", job_id=job)
+    assert gave_up.data["generation"] == 0  # none was tried
+    assert gave_up.data["reason"] == (
+        "rank 2 on workers-1 exited with code 75 (75: it could not re-join its group)"
+    )
+    assert c.events("in_process_recovery_started", job_id=job) == []
+    assert c.job(job).attempts[0].state == "stopping"
+
+
+def test_a_rank_not_running_again_by_the_deadline_falls_back(make: Make) -> None:
+    c = make()
+    job, attempt = _opted_in(c)
+    a1 = c.agents["workers-1"]
+    a1.exit_rank(attempt, 3, signal=KILLED)
+    a1.beat()
+    c.tick(c.cfg.in_process_deadline_s - 1)  # the order is there, nobody obeys it
+    assert c.job(job).attempts[0].state == "running"
+    c.tick(2)
+    (gave_up,) = c.events("in_process_recovery_abandoned", job_id=job)
+    assert gave_up.data["reason"] == "generation 1: rank 3 not running again within 60 s"
+    info = c.job(job)
+    assert (info.attempts[0].state, info.attempts[0].cause) == ("stopping", "crash")
+    c.teardown(job)
+    assert [a.number for a in c.job(job).attempts] == [1, 2]
+
+
+def test_a_quarantined_node_during_the_recovery_falls_back(make: Make) -> None:
+    c = make()
+    job, attempt = _opted_in(c)
+    a1 = c.agents["workers-1"]
+    a1.exit_rank(attempt, 3, signal=KILLED)
+    a1.beat()
+    a1.set_health("gpu", "fault", "XID 79")
+    a1.beat()
+    (gave_up,) = c.events("in_process_recovery_abandoned", job_id=job)
+    assert gave_up.data["generation"] == 1
+    assert gave_up.data["reason"].startswith("gpu_fault: workers-1: gpu: XID 79")
+    assert c.job(job).attempts[0].state == "stopping"
+
+
+def test_in_process_recoveries_count_against_max_restarts(make: Make) -> None:
+    c = make()
+    job, attempt = _opted_in(c, max_restarts=1)
+    a1 = c.agents["workers-1"]
+    a1.exit_rank(attempt, 3, signal=KILLED)
+    a1.recover_ranks(a1.beat())
+    a1.beat()
+    assert len(c.events("in_process_recovery_done", job_id=job)) == 1
+    a1.exit_rank(attempt, 3, signal=KILLED)
+    a1.beat()
+    (gave_up,) = c.events("in_process_recovery_abandoned", job_id=job)
+    assert gave_up.data["reason"].endswith("no restarts left (max_restarts)")
+    c.teardown(job)
+    info = c.job(job)
+    assert info.state == "failed" and "gave up after 1 restarts" in info.reason
+
+
+def test_a_cancel_during_the_recovery_stops_it_without_a_fallback(make: Make) -> None:
+    c = make()
+    job, attempt = _opted_in(c)
+    a1 = c.agents["workers-1"]
+    a1.exit_rank(attempt, 3, signal=KILLED)
+    a1.beat()
+    c.controller.cancel(job)
+    c.teardown(job)
+    c.tick(c.cfg.in_process_deadline_s + 1)
+    info = c.job(job)
+    assert (info.state, len(info.attempts)) == ("cancelled", 1)
+    assert c.events("in_process_recovery_abandoned", job_id=job) == []
+    assert a1.recover_ranks(a1.beat()) == []
