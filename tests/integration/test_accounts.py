@@ -163,6 +163,17 @@ for path in sys.argv[1:]:
         c.close()
 """
 
+# Lists each directory, reads each file of argv[1..] as whoever runs it; one word per path.
+_READ = """
+import os, sys
+for path in sys.argv[1:]:
+    try:
+        os.listdir(path) if os.path.isdir(path) else open(path).read()
+        print("read")
+    except OSError as exc:
+        print(type(exc).__name__)
+"""
+
 
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="needs /usr/bin/python3 for accounts")
@@ -238,6 +249,41 @@ def test_an_accounts_rank_reports_progress_and_commits_checkpoints_and_nobody_el
             check=True,
         ).stdout.split()
         assert tried == ["PermissionError"] * 4, tried
+
+        # Its memory tier (RAM) and scratch are alice's alone, its rank log the agent's alone.
+        [dirs] = [ln for ln in log.splitlines() if ln.startswith("dirs ")]
+        where = dict(w.split("=", 1) for w in dirs.split()[1:])
+        for d in (where["memory"], where["scratch"]):
+            st = os.stat(d)
+            assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (alice_pw.pw_uid, 0o700), d
+        assert any(Path(where["memory"]).rglob("*")), "the memory tier holds the checkpoints"
+        [rank_log] = (c.paths.jobs_dir / str(job.id)).rglob("rank-0.log")
+        st = rank_log.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (os.geteuid(), 0o600)
+        read = subprocess.run(
+            [str(SYSTEM_PYTHON), "-c", _READ, where["memory"], where["scratch"], str(rank_log)],
+            user=bob_pw.pw_uid,
+            group=bob_pw.pw_gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split()
+        assert read == ["PermissionError"] * 3, read
+
+        # A preemption notice reaches alice's rank by its file too (in her scratch, hers).
+        c.client.preempt(job.id, reason="a test", grace_s=60)
+
+        def noticed() -> str | None:
+            text = c.client.logs(job.id, rank=0, attempt=1).data
+            return text if "noticed" in text else None
+
+        first = wait_until(noticed, timeout_s=60, what="alice's rank to see the notice")
+        assert "noticed file=True" in first, first
+        st = os.stat(where["notice"])
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (alice_pw.pw_uid, 0o600)
+        assert Path(where["notice"]).parent == Path(where["scratch"])
         c.client.cancel(job.id)
         c.wait_job(job.id)
     finally:
