@@ -333,6 +333,7 @@ def test_shells_of_a_job_and_of_an_allocation_run_as_the_callers_account(
     monkeypatch.setenv("TRAINPOD_TEST_AGENT_SECRET", "root-only")  # the CLI has it: not the shell
     c = make_cluster_from_spec(SPEC.format(alice=alice_account, bob=bob_account, scratch=scratch))
     alice = c.client.add_user(NewToken(name="alice")).token
+    alice_pw = pwd.getpwnam(alice_account)
     monkeypatch.setenv("TRAINPOD_TOKEN", alice)  # the terminals' CLI is alice's
     with TrainpodClient(c.record.url, alice) as user:
         job = user.submit(JobSpec(command=["sleep", "600"], workdir="/tmp"))
@@ -366,6 +367,35 @@ def test_shells_of_a_job_and_of_an_allocation_run_as_the_callers_account(
     term.child.sendline(WHO)
     seen = term.expect(WHOAMI)
     assert (seen["who"], seen["job"], seen["leak"]) == (alice_account, str(alloc_id), "none")
+
+    # Inside it, trainpod is alice's: a home of the shell's own with her token, hers alone.
+    term.child.sendline('echo "TPHOME=$TRAINPOD_HOME TOKEN=${TRAINPOD_TOKEN-none}"')
+    seen = term.expect(r"TPHOME=(?P<home>/\S+) TOKEN=(?P<token>\S+)")
+    home, shown = Path(seen["home"]), seen["token"]
+    assert shown == "none"  # the token is in no variable the shell's processes inherit
+    [token_file] = (home / "tokens").iterdir()
+    assert token_file.read_text() == alice
+    for p in (home, home / "tokens", token_file):
+        st = p.lstat()
+        mode = 0o600 if p == token_file else 0o700
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (alice_pw.pw_uid, mode), p
+
+    # `trainpod run` starts a step in the allocation, as alice's account (srun in salloc).
+    cli = "python -m trainpod.cli.main"
+    step = "sh -c 'echo STEP=$(id -un)/$RANK/$TRAINPOD_STEP'"
+    term.child.sendline(f"{cli} run -- {step}; echo RAN=$?")
+    seen = term.expect(r"STEP=(?P<who>[\w-]+)/(?P<rank>\d+)/(?P<step>\d+)")
+    assert (seen["who"], seen["rank"], seen["step"]) == (alice_account, "0", "1")
+    term.expect("RAN=0")
+    term.child.sendline(f"{cli} submit --name from-the-shell -- true; echo SUBMITTED=$?")
+    term.expect("SUBMITTED=0")
+    term.child.sendline(f"{cli} jobs --json | grep -c from-the-shell; echo LISTED=$?")
+    term.expect("LISTED=0")
+    [queued] = [j for j in c.client.jobs() if j.name == "from-the-shell"]
+    assert queued.spec.user == "alice"  # submitted with her token, not root's
+    c.client.cancel(queued.id)
+
     term.child.sendline("exit 0")
     assert term.exit_code() == 0
     assert c.wait_job(alloc_id).state == "cancelled"
+    assert not home.exists()  # the shell's trainpod home goes with it
