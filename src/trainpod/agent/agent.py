@@ -96,6 +96,8 @@ class Agent:
 
     # -- the protocol -------------------------------------------------------------------
     def _beat(self, wait_s: float, *, leaving: bool = False) -> Orders | None:
+        if self._slurm_notice is not None:
+            self._slurm_notice.settle()  # a SIGTERM being checked: its exits go with its answer
         reports = [self._with_beacons(r) for r in self.launcher.reports()]
         hub = self._checkpoints
         ckpts = hub.reports() if hub is not None else []
