@@ -213,9 +213,14 @@ def test_an_accounts_rank_reports_progress_and_commits_checkpoints_and_nobody_el
 
             def committed() -> list[int]:
                 events = c.client.events(job_id=job.id)
-                return [int(e.data["step"]) for e in events if e.kind == "checkpoint_committed"]
+                return [
+                    int(e.data["step"])
+                    for e in events
+                    if e.kind == "checkpoint_committed" and e.data.get("tier") == "durable"
+                ]
 
-            steps = wait_until(committed, timeout_s=120, what="a committed checkpoint")
+            # durable: the persister's copy (a memory-tier commit comes before it is written)
+            steps = wait_until(committed, timeout_s=120, what="a durable checkpoint")
             log = user.logs(job.id, rank=0).data
         [line] = [ln for ln in log.splitlines() if ln.startswith("sockets ")]
         beacon_sock, ckpt_sock = (Path(w.split("=", 1)[1]) for w in line.split()[1:])

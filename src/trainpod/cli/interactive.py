@@ -10,7 +10,9 @@ shell or a step on a node is srun's to give. See docs/decisions/0014-interactive
 Where this CLI runs as root and the caller maps to a POSIX account (``ShellContext.account``),
 the shell (or command) runs as that account: its uid, gid and groups, its HOME, and a clean
 environment (the node's and job's variables, nothing of root's), as the job's ranks do
-(:mod:`trainpod.agent.accounts`). Elsewhere it runs as the CLI's own user.
+(:mod:`trainpod.agent.accounts`), with a trainpod home of its own holding the caller's token
+so that ``trainpod run`` inside acts as the caller (:mod:`trainpod.cli.shellhome`). Elsewhere
+it runs as the CLI's own user.
 
 An allocation stands while this CLI renews its lease (:class:`LeaseKeeper`); it is given back
 when the shell exits, when the terminal closes (SIGHUP) or the CLI is stopped (SIGTERM,
@@ -358,7 +360,7 @@ def spawn(
     if not cwd.is_dir():
         cwd.mkdir(parents=True, exist_ok=True)
         if account is not None:
-            account.own(cwd)
+            account.own(cwd, private=True)  # a job's scratch: the account's alone
     try:
         if account is None:
             return subprocess.Popen(argv, cwd=cwd, env={**os.environ, **ctx.env})
