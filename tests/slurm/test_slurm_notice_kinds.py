@@ -20,10 +20,10 @@ import pytest
 from tests.slurm.conftest import PREEMPT_GRACE_S, SlurmCI
 from tests.slurm.test_slurm_backend import SPEC, SlurmCluster, slurm_cluster
 from tests.slurm.test_slurm_preemption import WORKER, _log
-from trainpod.testing.wait import wait_until
+from trainpod.testing.wait import WaitTimeout, wait_until
 
 # A lead Slurm cannot miss: it checks time limits (and sends their warnings) every 30 s.
-LEAD_S = 40
+LEAD_S = 50
 USER_SIGNAL = "SlurmctldParameters=preempt_send_user_signal"
 
 
@@ -41,7 +41,7 @@ def test_the_time_limits_warning_is_not_taken_for_a_preemption(
             [sys.executable, WORKER, "--every", "1000", "--more", "5"],
             nodes=2,
             procs_per_node=1,
-            time_limit="1",  # a minute: the --signal goes out 40 s before its end
+            time_limit="1",  # a minute: the --signal goes out 50 s before its end
         )
         t = c.slurm.timing
         done = c.wait_job(job.id, timeout_s=t.deadline(60, t.end_s, t.start_s) + 90)
@@ -92,7 +92,14 @@ def test_without_the_user_signal_slurms_sigterm_is_the_notice(
         high = c.submit(
             [sys.executable, "-c", "print('high')"], nodes=4, procs_per_node=1, partition="high"
         )
-        preempted = c.wait_job(low.id, {"preempted"}, timeout_s=120)
+        try:
+            preempted = c.wait_job(low.id, {"preempted"}, timeout_s=120)
+        except WaitTimeout as exc:
+            job = c.client.job(low.id)
+            raise AssertionError(
+                f"{exc}\njob: {job.state} {job.reason}\nevents: {c.events(low.id)}\n"
+                f"Slurm's output:\n{_slurm_output(c, low.id)[-6000:]}"
+            ) from None
         first = preempted.attempts[0]
         assert first.state == "failed" and first.cause == "preempted", first
         t = c.slurm.timing

@@ -3,6 +3,7 @@ to the ranks running there (the notice file and signal of a preempted attempt's 
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -217,3 +218,54 @@ def test_a_sigterm_that_is_not_a_preemption_stops_the_agent(tmp_path: Path) -> N
         assert stopped.wait(30), said
         watch.settle()
         assert watch.preempted_at is None
+
+
+def test_reports_wait_for_the_agents_sigterm_when_a_rank_died_of_slurms_first(
+    tmp_path: Path,
+) -> None:
+    """Slurm signals the whole tree: a rank's exit can be seen before the agent's handler
+    runs; the beat that would carry it waits for the handler and Slurm's answer."""
+    launcher = Launcher(node_env={"TRAINPOD_NODE": "n1"}, on_change=lambda: None)
+    watch = SlurmNoticeWatch(
+        None,
+        Notice(signal.SIGUSR1, 30.0, "preempted by Slurm"),
+        launcher,
+        teardown_grace_s=1.0,
+        on_notice=lambda: None,
+        ask=lambda: parse_job(PREEMPTING),
+        term_wait_s=60.0,
+    )
+    try:
+        _two_ranks(tmp_path, launcher)
+        (rep,) = launcher.reports()
+        pid = rep.ranks[0].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)  # Slurm's, before the agent has heard of it
+        wait_until(lambda: launcher.sigtermed() == {(1, 0)}, what="the rank to die of it")
+        seen: list[float | None] = []
+
+        def one_beat() -> None:
+            watch.settle()
+            seen.append(watch.preempted_at)
+
+        beat = threading.Thread(target=one_beat)
+        beat.start()
+        beat.join(0.5)
+        assert beat.is_alive() and not seen  # held: the agent has not heard its SIGTERM yet
+        watch.sigterm(lambda: None)  # the agent's handler, later
+        beat.join(60)
+        assert seen and seen[0] is not None  # the beat goes out with the preemption
+        watch.settle()  # the same rank is not waited for twice
+    finally:
+        launcher.kill_everything()
+
+
+def test_a_sigterm_the_launcher_sent_itself_is_not_waited_for(tmp_path: Path) -> None:
+    launcher = Launcher(node_env={"TRAINPOD_NODE": "n1"}, on_change=lambda: None)
+    try:
+        _two_ranks(tmp_path, launcher)
+        assert launcher.kill(1, grace_s=30.0)  # the controller's kill: SIGTERM, ours
+        wait_until(lambda: not _running(launcher), timeout_s=60, what="the ranks to exit")
+        assert launcher.sigtermed() == set()
+    finally:
+        launcher.kill_everything()

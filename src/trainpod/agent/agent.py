@@ -96,9 +96,11 @@ class Agent:
 
     # -- the protocol -------------------------------------------------------------------
     def _beat(self, wait_s: float, *, leaving: bool = False) -> Orders | None:
-        if self._slurm_notice is not None:
-            self._slurm_notice.settle()  # a SIGTERM being checked: its exits go with its answer
         reports = [self._with_beacons(r) for r in self.launcher.reports()]
+        if self._slurm_notice is not None:
+            # After the reports: an exit they hold that Slurm's SIGTERM caused goes out with
+            # Slurm's answer (``preempted_at``, read below), never before it.
+            self._slurm_notice.settle()
         hub = self._checkpoints
         ckpts = hub.reports() if hub is not None else []
         hb = Heartbeat(

@@ -437,6 +437,19 @@ class Launcher:
                 if all(r.delivered for r in run.ranks):
                     del self._runs[rep.attempt_id]
 
+    def sigtermed(self) -> set[tuple[int, int]]:
+        """(attempt, rank) of every rank here that died of a SIGTERM this launcher did not
+        send (Slurm sends one to a job's whole process tree when it preempts without its
+        user signal: :mod:`trainpod.agent.slurmnotice`)."""
+        with self._lock:
+            return {
+                (aid, r.rank)
+                for aid, run in self._runs.items()
+                if not run.killing
+                for r in run.ranks
+                if r.signal == signal.SIGTERM
+            }
+
     def attempt_ids(self) -> set[int]:
         with self._lock:
             return set(self._runs)

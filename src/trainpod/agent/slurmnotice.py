@@ -54,6 +54,8 @@ POLL_S = 0.25
 ENV = "TRAINPOD_SLURM_NOTICE"
 ASK_TIMEOUT_S = 10.0
 """How long Slurm is asked about the job (``scontrol``), and reports held meanwhile, at most."""
+TERM_WAIT_S = 2.0
+"""How long reports wait for the agent's own SIGTERM once a rank died of one it did not send."""
 PULLED_IN_SLACK_S = 5.0
 """An ``EndTime`` this much before ``StartTime + TimeLimit`` was moved by a preemption."""
 
@@ -139,6 +141,7 @@ class SlurmNoticeWatch:
         teardown_grace_s: float,
         on_notice: Callable[[], None],
         ask: Callable[[], Mapping[str, str]] = dict,
+        term_wait_s: float = TERM_WAIT_S,
     ) -> None:
         """``path``: the batch trap's notice file (None: the script asked no ``--signal``).
         ``ask``: Slurm's record of the job (:func:`ask_slurm`); the default knows nothing,
@@ -152,6 +155,9 @@ class SlurmNoticeWatch:
         self._lock = threading.Lock()
         self._settled = threading.Event()
         self._settled.set()
+        self._term_seen = threading.Event()  # the agent's SIGTERM has come (sigterm())
+        self._term_wait_s = term_wait_s
+        self._waited: set[tuple[int, int]] = set()  # ranks whose SIGTERM was waited for
         self._seen: float | None = None  # the notice file's newest time, handled
         self.preempted_at: float | None = None
         """When the notice came (the batch shell's clock, seconds); None before it."""
@@ -193,6 +199,7 @@ class SlurmNoticeWatch:
         is asked whether it preempts the job: then it is the notice, and the agent stays;
         else ``stop`` is called. Reports wait (:meth:`settle`) until it is known."""
         self._settled.clear()
+        self._term_seen.set()
         threading.Thread(target=self._sigterm, args=(stop,), daemon=True).start()
 
     def _sigterm(self, stop: Callable[[], None]) -> None:
@@ -218,7 +225,15 @@ class SlurmNoticeWatch:
             self._settled.set()
 
     def settle(self, timeout_s: float = ASK_TIMEOUT_S) -> None:
-        """Wait (at most ``timeout_s``) while a SIGTERM is being checked."""
+        """Wait (at most ``timeout_s``) while a SIGTERM is being checked. Slurm's SIGTERM
+        reaches the ranks as it reaches the agent, and a rank's exit may be seen before the
+        agent's own handler has run: a rank dead of a SIGTERM the agent did not send makes
+        this wait for that handler first (once per rank, ``term_wait_s`` at most)."""
+        if self.preempted_at is None and not self._term_seen.is_set():
+            unexplained = self._launcher.sigtermed() - self._waited
+            if unexplained:
+                self._waited |= unexplained
+                self._term_seen.wait(self._term_wait_s)
         self._settled.wait(timeout_s)
 
     def _give(self, changed: bool) -> None:
