@@ -187,3 +187,19 @@ def test_a_step_gets_the_torchrun_contract_on_the_allocations_nodes(cluster: Clu
         c.controller.interactive.end_step(job, 9, 0)
     with pytest.raises(SpecError, match="may not set RANK"):
         c.controller.interactive.start_step(job, StepRequest(command=["true"], env={"RANK": "3"}))
+
+
+def test_a_step_of_an_accounts_allocation_logs_in_the_jobs_scratch(cluster: Cluster) -> None:
+    """Its CLI runs as the account, which may not write under the cluster's home."""
+    c = cluster
+    job = allocate(c, nodes=1, account="alice")
+    c.start(job)
+    plan = c.controller.interactive.start_step(job, StepRequest(command=["true"]))
+    for order in plan.orders.values():
+        assert order.log_dir == f"{order.env['TRAINPOD_JOB_SCRATCH_DIR']}/step-1"
+    plain = allocate(c, nodes=1)  # no account: under the cluster's jobs dir, as before
+    c.start(plain)
+    (order,) = c.controller.interactive.start_step(
+        plain, StepRequest(command=["true"])
+    ).orders.values()
+    assert order.log_dir == str(c.cfg.jobs_dir / str(plain) / "step-1")

@@ -163,6 +163,17 @@ for path in sys.argv[1:]:
         c.close()
 """
 
+# Lists each directory, reads each file of argv[1..] as whoever runs it; one word per path.
+_READ = """
+import os, sys
+for path in sys.argv[1:]:
+    try:
+        os.listdir(path) if os.path.isdir(path) else open(path).read()
+        print("read")
+    except OSError as exc:
+        print(type(exc).__name__)
+"""
+
 
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="needs /usr/bin/python3 for accounts")
@@ -202,9 +213,14 @@ def test_an_accounts_rank_reports_progress_and_commits_checkpoints_and_nobody_el
 
             def committed() -> list[int]:
                 events = c.client.events(job_id=job.id)
-                return [int(e.data["step"]) for e in events if e.kind == "checkpoint_committed"]
+                return [
+                    int(e.data["step"])
+                    for e in events
+                    if e.kind == "checkpoint_committed" and e.data.get("tier") == "durable"
+                ]
 
-            steps = wait_until(committed, timeout_s=120, what="a committed checkpoint")
+            # durable: the persister's copy (a memory-tier commit comes before it is written)
+            steps = wait_until(committed, timeout_s=120, what="a durable checkpoint")
             log = user.logs(job.id, rank=0).data
         [line] = [ln for ln in log.splitlines() if ln.startswith("sockets ")]
         beacon_sock, ckpt_sock = (Path(w.split("=", 1)[1]) for w in line.split()[1:])
@@ -238,6 +254,41 @@ def test_an_accounts_rank_reports_progress_and_commits_checkpoints_and_nobody_el
             check=True,
         ).stdout.split()
         assert tried == ["PermissionError"] * 4, tried
+
+        # Its memory tier (RAM) and scratch are alice's alone, its rank log the agent's alone.
+        [dirs] = [ln for ln in log.splitlines() if ln.startswith("dirs ")]
+        where = dict(w.split("=", 1) for w in dirs.split()[1:])
+        for d in (where["memory"], where["scratch"]):
+            st = os.stat(d)
+            assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (alice_pw.pw_uid, 0o700), d
+        assert any(Path(where["memory"]).rglob("*")), "the memory tier holds the checkpoints"
+        [rank_log] = (c.paths.jobs_dir / str(job.id)).rglob("rank-0.log")
+        st = rank_log.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (os.geteuid(), 0o600)
+        read = subprocess.run(
+            [str(SYSTEM_PYTHON), "-c", _READ, where["memory"], where["scratch"], str(rank_log)],
+            user=bob_pw.pw_uid,
+            group=bob_pw.pw_gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split()
+        assert read == ["PermissionError"] * 3, read
+
+        # A preemption notice reaches alice's rank by its file too (in her scratch, hers).
+        c.client.preempt(job.id, reason="a test", grace_s=60)
+
+        def noticed() -> str | None:
+            text = c.client.logs(job.id, rank=0, attempt=1).data
+            return text if "noticed" in text else None
+
+        first = wait_until(noticed, timeout_s=60, what="alice's rank to see the notice")
+        assert "noticed file=True" in first, first
+        st = os.stat(where["notice"])
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (alice_pw.pw_uid, 0o600)
+        assert Path(where["notice"]).parent == Path(where["scratch"])
         c.client.cancel(job.id)
         c.wait_job(job.id)
     finally:
@@ -287,6 +338,7 @@ def test_shells_of_a_job_and_of_an_allocation_run_as_the_callers_account(
     monkeypatch.setenv("TRAINPOD_TEST_AGENT_SECRET", "root-only")  # the CLI has it: not the shell
     c = make_cluster_from_spec(SPEC.format(alice=alice_account, bob=bob_account, scratch=scratch))
     alice = c.client.add_user(NewToken(name="alice")).token
+    alice_pw = pwd.getpwnam(alice_account)
     monkeypatch.setenv("TRAINPOD_TOKEN", alice)  # the terminals' CLI is alice's
     with TrainpodClient(c.record.url, alice) as user:
         job = user.submit(JobSpec(command=["sleep", "600"], workdir="/tmp"))
@@ -320,6 +372,35 @@ def test_shells_of_a_job_and_of_an_allocation_run_as_the_callers_account(
     term.child.sendline(WHO)
     seen = term.expect(WHOAMI)
     assert (seen["who"], seen["job"], seen["leak"]) == (alice_account, str(alloc_id), "none")
+
+    # Inside it, trainpod is alice's: a home of the shell's own with her token, hers alone.
+    term.child.sendline('echo "TPHOME=$TRAINPOD_HOME TOKEN=${TRAINPOD_TOKEN-none}"')
+    seen = term.expect(r"TPHOME=(?P<home>/\S+) TOKEN=(?P<token>\S+)")
+    home, shown = Path(seen["home"]), seen["token"]
+    assert shown == "none"  # the token is in no variable the shell's processes inherit
+    [token_file] = (home / "tokens").iterdir()
+    assert token_file.read_text() == alice
+    for p in (home, home / "tokens", token_file):
+        st = p.lstat()
+        mode = 0o600 if p == token_file else 0o700
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (alice_pw.pw_uid, mode), p
+
+    # `trainpod run` starts a step in the allocation, as alice's account (srun in salloc).
+    cli = "python -m trainpod.cli.main"
+    step = "sh -c 'echo STEP=$(id -un)/$RANK/$TRAINPOD_STEP'"
+    term.child.sendline(f"{cli} run -- {step}; echo RAN=$?")
+    seen = term.expect(r"STEP=(?P<who>[\w-]+)/(?P<rank>\d+)/(?P<step>\d+)")
+    assert (seen["who"], seen["rank"], seen["step"]) == (alice_account, "0", "1")
+    term.expect("RAN=0")
+    term.child.sendline(f"{cli} submit --name from-the-shell -- true; echo SUBMITTED=$?")
+    term.expect("SUBMITTED=0")
+    term.child.sendline(f"{cli} jobs --json | grep -c from-the-shell; echo LISTED=$?")
+    term.expect("LISTED=0")
+    [queued] = [j for j in c.client.jobs() if j.name == "from-the-shell"]
+    assert queued.spec.user == "alice"  # submitted with her token, not root's
+    c.client.cancel(queued.id)
+
     term.child.sendline("exit 0")
     assert term.exit_code() == 0
     assert c.wait_job(alloc_id).state == "cancelled"
+    assert not home.exists()  # the shell's trainpod home goes with it

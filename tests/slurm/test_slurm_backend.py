@@ -7,6 +7,7 @@ exact only when no step was lost or done twice across restarts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -108,11 +109,21 @@ class SlurmCluster:
 def cluster(
     slurm: SlurmCI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[SlurmCluster]:
+    with slurm_cluster(slurm, tmp_path, monkeypatch, SPEC) as c:
+        yield c
+
+
+@contextlib.contextmanager
+def slurm_cluster(
+    slurm: SlurmCI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str
+) -> Iterator[SlurmCluster]:
+    """A ``backend: slurm`` cluster of ``spec`` (``{name}`` filled in) on the session's Slurm,
+    deleted and the Slurm reset at the end."""
     monkeypatch.setenv("TRAINPOD_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("TRAINPOD_CLUSTER", raising=False)
     monkeypatch.setenv("TRAINPOD_WARM_START", "0")  # agents come and go with each job
     spec_path = tmp_path / "cluster.yaml"
-    spec_path.write_text(SPEC.format(name="sl"))
+    spec_path.write_text(spec.format(name="sl"))
     paths = ClusterPaths.of("sl")
     backend = SlurmBackend(paths)
     record = backend.create(load_cluster_spec(spec_path), spec_path)

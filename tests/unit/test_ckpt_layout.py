@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from pathlib import Path
 
 import pytest
 
 from trainpod.ckpt.errors import CheckpointConfigError, ManifestError
-from trainpod.ckpt.layout import DEFAULT_MTBF_S, mtbf_s, resolve, young_daly_s
+from trainpod.ckpt.layout import DEFAULT_MTBF_S, mtbf_s, private_dir, resolve, young_daly_s
 from trainpod.ckpt.manifest import METADATA, FileEntry, Manifest, write_atomic
 
 ENV = {
@@ -133,3 +135,33 @@ def test_meter_reports_progress_and_counts_bytes() -> None:
     meter.add(100, throttled=True)
     meter.add(200, throttled=True)  # within a second of the first: no second report
     assert seen == [(7, "durable", 100, 300)] and meter.done == 300
+
+
+def test_a_private_dir_is_0700_whatever_the_umask_and_an_existing_one_is_tightened(
+    tmp_path: Path,
+) -> None:
+    old = os.umask(0o002)
+    try:
+        made = private_dir(tmp_path / "base" / "job-1-abc")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+    made.chmod(0o755)  # e.g. made by an older worker under its umask
+    private_dir(made)
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+
+
+def test_a_private_dir_that_is_a_link_or_another_accounts_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "job-2-abc"
+    link.symlink_to(real)
+    with pytest.raises(CheckpointConfigError, match="not a directory of uid"):
+        private_dir(link)
+    if os.geteuid() != 0:
+        return  # only root can make a directory another uid owns
+    theirs = tmp_path / "job-3-abc"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(CheckpointConfigError, match=r"a directory of uid 65534.*another account"):
+        private_dir(theirs)

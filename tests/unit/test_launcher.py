@@ -3,11 +3,15 @@ grace, and each rank's report keeps the signal that ended it."""
 
 from __future__ import annotations
 
+import os
 import signal
+import stat
 import sys
 from pathlib import Path
 
-from trainpod.agent.launcher import Launcher, RankProcess
+import pytest
+
+from trainpod.agent.launcher import Launcher, RankProcess, _open_log, _write_notice
 from trainpod.api.models import LaunchOrder, RankReport, RankSlot
 from trainpod.testing.wait import wait_until
 
@@ -114,3 +118,32 @@ def test_ranks_of_an_in_process_job_are_told_where_their_recover_file_is(tmp_pat
         assert [r.exit_code for r in _ended(launcher, attempt)] == [0]
     said = [(tmp_path / f"attempt-{a}" / "rank-0.log").read_text().strip() for a in (1, 2)]
     assert said == [str(tmp_path / "job-4" / "recover.json"), "none"]
+
+
+def test_a_notice_is_written_whole_and_never_through_a_link_left_at_its_tmp_path(
+    tmp_path: Path,
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    notice = tmp_path / "notice.json"
+    (tmp_path / ".notice.json.tmp").symlink_to(victim)  # what an account could leave there
+    _write_notice(notice, b'{"signal": "SIGUSR1"}', None)
+    assert victim.read_text() == "keep"
+    assert notice.read_text() == '{"signal": "SIGUSR1"}' and not notice.is_symlink()
+    assert stat.S_IMODE(notice.stat().st_mode) == 0o600
+
+
+def test_an_accounts_rank_log_is_0600_and_not_opened_through_a_link(tmp_path: Path) -> None:
+    log = tmp_path / "rank-0.log"
+    log.write_bytes(b"old\n")
+    log.chmod(0o644)
+    with _open_log(log, private=True) as f:
+        f.write(b"new\n")
+    assert log.read_bytes() == b"old\nnew\n"
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    linked = tmp_path / "rank-1.log"
+    linked.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError):
+        _open_log(linked, private=True).close()
+    assert not (tmp_path / "elsewhere").exists()
+    assert os.path.islink(linked)

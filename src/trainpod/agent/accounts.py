@@ -54,9 +54,13 @@ class RunAs:
             "SHELL": self.shell,
         }
 
-    def own(self, path: str | os.PathLike[str]) -> None:
-        """Give a directory the agent made for the work (its scratch) to this account."""
+    def own(self, path: str | os.PathLike[str], *, private: bool = False) -> None:
+        """Give a directory the agent made for the work to this account; ``private``: mode
+        0700 too, whatever the agent's umask made it (a job's scratch: another account must
+        not read its checkpoints or data; root, the agent, still can)."""
         os.chown(path, self.uid, self.gid)
+        if private:
+            os.chmod(path, 0o700)
 
 
 def run_as(account: str) -> RunAs:

@@ -97,6 +97,10 @@ class Agent:
     # -- the protocol -------------------------------------------------------------------
     def _beat(self, wait_s: float, *, leaving: bool = False) -> Orders | None:
         reports = [self._with_beacons(r) for r in self.launcher.reports()]
+        if self._slurm_notice is not None:
+            # After the reports: an exit they hold that Slurm's SIGTERM caused goes out with
+            # Slurm's answer (``preempted_at``, read below), never before it.
+            self._slurm_notice.settle()
         hub = self._checkpoints
         ckpts = hub.reports() if hub is not None else []
         hb = Heartbeat(

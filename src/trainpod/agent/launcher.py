@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import psutil
 
@@ -213,19 +214,19 @@ class Launcher:
                 "PYTHONUNBUFFERED", os.environ.get("PYTHONUNBUFFERED", "1")
             ),
         )
-        scratch = Path(self._node_env.get("TRAINPOD_SCRATCH_DIR", ".")) / f"job-{order.job_id}"
+        scratch = self._job_scratch(order)
         job_env["TRAINPOD_JOB_SCRATCH_DIR"] = str(scratch)
         job_env[notice.ENV_FILE] = str(self._notice_file(order))
         if job_env.get(elastic_protocol.ENV_RECOVERY) == elastic_protocol.IN_PROCESS:
             job_env[elastic_protocol.ENV_FILE] = str(elastic_protocol.recover_file(scratch))
         env = {**os.environ, **job_env}
         rp.started_at = time.time()
-        with rp.log_path.open("ab") as out:
+        with _open_log(rp.log_path, private=order.account is not None) as out:
             try:
                 scratch.mkdir(parents=True, exist_ok=True)
                 if order.account is not None:  # the owner's account: cold, with its env only
                     account = run_as(order.account)
-                    account.own(scratch)
+                    account.own(scratch, private=True)
                     env = account.env({**job_env, **self._account_sockets(order, account)})
                     rp.proc = subprocess.Popen(
                         order.argv,
@@ -391,10 +392,9 @@ class Launcher:
         path = self._notice_file(run.order)
         body = {"signal": n.signal.name, "grace_s": n.grace_s, "reason": n.reason}
         try:
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(json.dumps({**body, "at": time.time()}))
-            tmp.replace(path)  # whole or absent: a rank never reads half a notice
-        except OSError as exc:
+            owner = run_as(run.order.account) if run.order.account is not None else None
+            _write_notice(path, json.dumps({**body, "at": time.time()}).encode(), owner)
+        except (OSError, AccountError) as exc:
             what = f"attempt {run.order.attempt_id}"
             log.warning("%s: cannot write the notice file %s: %s", what, path, exc)
         with self._lock:
@@ -412,7 +412,15 @@ class Launcher:
             self._exited.wait_for(lambda: not run.running, timeout=n.grace_s)
 
     def _notice_file(self, order: LaunchOrder) -> Path:
+        """An account's ranks find their notice in the job's scratch dir (theirs, 0700, on
+        a path every account can reach); the attempt's log dir may sit where they cannot
+        (under the cluster's home), and its logs are not theirs to list."""
+        if order.account is not None:
+            return self._job_scratch(order) / f".notice-attempt-{order.attempt_id}.json"
         return notice_file(order.log_dir, self._node_env.get("TRAINPOD_NODE", "node"))
+
+    def _job_scratch(self, order: LaunchOrder) -> Path:
+        return Path(self._node_env.get("TRAINPOD_SCRATCH_DIR", ".")) / f"job-{order.job_id}"
 
     def _terminate(self, run: AttemptRun, grace_s: float) -> None:
         leaders: list[psutil.Process] = []
@@ -496,6 +504,19 @@ class Launcher:
                 if all(r.delivered for r in run.ranks):
                     del self._runs[rep.attempt_id]
 
+    def sigtermed(self) -> set[tuple[int, int]]:
+        """(attempt, rank) of every rank here that died of a SIGTERM this launcher did not
+        send (Slurm sends one to a job's whole process tree when it preempts without its
+        user signal: :mod:`trainpod.agent.slurmnotice`)."""
+        with self._lock:
+            return {
+                (aid, r.rank)
+                for aid, run in self._runs.items()
+                if not run.killing
+                for r in run.ranks
+                if r.signal == signal.SIGTERM
+            }
+
     def attempt_ids(self) -> set[int]:
         with self._lock:
             return set(self._runs)
@@ -508,6 +529,33 @@ class Launcher:
                 for r in run.ranks
                 if r.proc is not None and r.running
             ]
+
+
+def _open_log(path: Path, *, private: bool) -> BinaryIO:
+    """A rank's log, appended to. ``private`` (a rank of an account): made 0600, the agent's,
+    so no other account on the node reads it; the rank writes it through the descriptor it
+    inherits, the agent and the controller read it."""
+    if not private:
+        return path.open("ab")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)  # one left by an earlier agent keeps no wider mode
+    return os.fdopen(fd, "ab")
+
+
+def _write_notice(path: Path, data: bytes, owner: RunAs | None) -> None:
+    """Write a notice file whole or not at all (tmp + rename), as the agent: with an
+    ``owner``, in a directory that account owns, so the tmp file is made afresh
+    (``O_EXCL | O_NOFOLLOW``: never through a link the account left) and given to it, 0600."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        if owner is not None:
+            os.fchown(fd, owner.uid, owner.gid)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    tmp.replace(path)  # a rank never reads half a notice
 
 
 def _note_signal(p: psutil.Process, sig: int) -> None:

@@ -25,7 +25,7 @@ from trainpod.agent.lifecycle import LifecycleRunner, Script
 from trainpod.agent.monitor import DeepChecker, HealthMonitor, deep_runner
 from trainpod.agent.persisters import CheckpointHub
 from trainpod.agent.slurmnotice import ENV as SLURM_NOTICE_ENV
-from trainpod.agent.slurmnotice import SlurmNoticeWatch
+from trainpod.agent.slurmnotice import SlurmNoticeWatch, ask_slurm
 from trainpod.agent.tensorboard import TensorBoardTap
 from trainpod.agent.warmstart import WarmStarter
 from trainpod.client.http import TrainpodClient
@@ -165,13 +165,14 @@ def main(argv: list[str] | None = None) -> None:
         reference=lambda: agent.controller_time() if agent else None,
     )
     slurm_notice = None
-    if slurm is not None and slurm_notice_file:
+    if slurm is not None:  # the batch trap's file, or SIGTERM where Slurm sends no signal
         slurm_notice = SlurmNoticeWatch(
-            Path(slurm_notice_file),
+            Path(slurm_notice_file) if slurm_notice_file else None,
             Notice(notice_signal, spec.preemption.grace_s, "preempted by Slurm"),
             launcher,
             teardown_grace_s=spec.recovery.teardown_grace_s,
             on_notice=on_change,
+            ask=ask_slurm(str(slurm["external_id"])),
         )
     # Device telemetry for every heartbeat: NVML on GPUs, SIMULATED figures on CPU slots.
     reader = device_reader(group.devices_per_node, gpus, gpu_state)
@@ -205,8 +206,13 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     def stop(signum: int, _frame: FrameType | None) -> None:
-        logging.getLogger(__name__).info("signal %d: stopping", signum)
         assert agent is not None
+        if signum == signal.SIGTERM and slurm_notice and slurm_notice.takes_sigterm():
+            # Slurm's SIGTERM may be its preemption notice (no user signal configured).
+            logging.getLogger(__name__).info("SIGTERM: asking Slurm whether it preempts")
+            slurm_notice.sigterm(agent.stopping.set)
+            return
+        logging.getLogger(__name__).info("signal %d: stopping", signum)
         agent.stopping.set()
 
     signal.signal(signal.SIGTERM, stop)

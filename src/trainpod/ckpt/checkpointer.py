@@ -24,7 +24,7 @@ from trainpod.ckpt.interval import (
     interval_steps,
 )
 from trainpod.ckpt.interval import interval_s as auto_interval_s
-from trainpod.ckpt.layout import Layout, resolve
+from trainpod.ckpt.layout import Layout, private_dir, resolve
 from trainpod.ckpt.layout import mtbf_s as mtbf_s_of
 from trainpod.ckpt.loader import LoadResult, load_latest
 from trainpod.ckpt.pipeline import Pipeline
@@ -154,6 +154,8 @@ class Checkpointer:
             bandwidth_bps=bandwidth_bps,
         )
         self.tiers = list(tiers) if tiers is not None else build_tiers(config)
+        if self.layout.memory is not None and any(t.name == "memory" for t in self.tiers):
+            private_dir(self.layout.memory.parent)  # the job's dir: this account's alone
         primary = self.tiers[0] if self.tiers else None
         if not (isinstance(primary, FsTier) and primary.local and primary.node_scoped):
             raise CheckpointConfigError(

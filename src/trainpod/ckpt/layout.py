@@ -13,6 +13,7 @@ import hashlib
 import math
 import os
 import socket
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -145,6 +146,31 @@ def resolve(
         job_scratch_name=job_scratch_name,
         managed=bool(job_id),
     )
+
+
+def private_dir(path: Path) -> Path:
+    """Make ``path`` a directory only this process's user may enter (mode 0700, whatever the
+    umask), its parents as they come. A job's memory tier holds its weights in RAM under a
+    base every account shares (``/dev/shm/trainpod``, mode 1777): another account must not read
+    it, nor make the directory first to deny or watch it. Raises
+    :class:`CheckpointConfigError` for one that is not this user's own directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = path.lstat()
+    me = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a directory"
+        raise CheckpointConfigError(
+            f"{path} is {what} of uid {st.st_uid}, not of this process (uid {me}): another "
+            "account made it first; have an admin remove it, or pass Checkpointer(memory=...) "
+            "a directory of your own"
+        )
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
 
 
 def mtbf_s(explicit: float | None, env: Mapping[str, str] | None = None) -> float:

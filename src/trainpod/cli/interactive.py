@@ -10,7 +10,9 @@ shell or a step on a node is srun's to give. See docs/decisions/0014-interactive
 Where this CLI runs as root and the caller maps to a POSIX account (``ShellContext.account``),
 the shell (or command) runs as that account: its uid, gid and groups, its HOME, and a clean
 environment (the node's and job's variables, nothing of root's), as the job's ranks do
-(:mod:`trainpod.agent.accounts`). Elsewhere it runs as the CLI's own user.
+(:mod:`trainpod.agent.accounts`), with a trainpod home of its own holding the caller's token
+so that ``trainpod run`` inside acts as the caller (:mod:`trainpod.cli.shellhome`). Elsewhere
+it runs as the CLI's own user.
 
 An allocation stands while this CLI renews its lease (:class:`LeaseKeeper`); it is given back
 when the shell exits, when the terminal closes (SIGHUP) or the CLI is stopped (SIGTERM,
@@ -39,9 +41,10 @@ from trainpod.cli import slurm
 from trainpod.cli.context import client_for, resolve_cluster
 from trainpod.cli.jobs import default_env, parse_env
 from trainpod.cli.render import err_console, styled
+from trainpod.cli.shellhome import ShellHome, shell_home
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import Conflict, ControllerUnavailable, Fatal, SpecError
-from trainpod.paths import ClusterRecord
+from trainpod.paths import ClusterPaths, ClusterRecord
 from trainpod.spec.job import JobSpec
 
 HOLD_COMMAND = ["python", "-m", "trainpod.agent.hold"]
@@ -117,7 +120,7 @@ def alloc(
     )
     argv = list(command) if command else []
     with client_for(paths.name) as client:
-        alloc = EmbeddedAllocation(client, lambda: client_for(paths.name), argv, shell)
+        alloc = EmbeddedAllocation(client, lambda: client_for(paths.name), argv, shell, paths)
         code = alloc.run(spec)
     raise typer.Exit(code)
 
@@ -178,13 +181,16 @@ class EmbeddedAllocation:
         connect: Callable[[], TrainpodClient],
         argv: list[str],
         shell: str | None = None,
+        paths: ClusterPaths | None = None,
     ) -> None:
         """``argv``: the command to run instead of a shell ([]: the shell, ``shell`` or the
-        default one of whoever it runs as)."""
+        default one of whoever it runs as). ``paths``: the cluster, for a shell that runs as
+        the caller's account to use trainpod as the caller (:mod:`trainpod.cli.shellhome`)."""
         self._client = client
         self._connect = connect
         self._argv = argv
         self._shell_option = shell
+        self._paths = paths
         self._child: subprocess.Popen[bytes] | None = None
         self._ended = ""  # why the allocation ended under the shell, if it did
 
@@ -264,9 +270,10 @@ class EmbeddedAllocation:
             "  `trainpod run CMD` runs CMD on the allocation's nodes; exit releases them",
             soft_wrap=True,
         )
-        self._child = spawn(self._argv, ctx, self._shell_option)
-        with _ignored(signal.SIGINT):  # Ctrl-C is the shell's
-            return wait_child(self._child)
+        with shell_for(self._argv, ctx, self._shell_option, self._paths) as child:
+            self._child = child
+            with _ignored(signal.SIGINT):  # Ctrl-C is the shell's
+                return wait_child(child)
 
     def _release(self, job_id: int, why: str) -> None:
         # A second SIGHUP (or SIGTERM, Ctrl-C) must not stop us before the nodes are back;
@@ -313,32 +320,54 @@ def shell_cmd(
             ctx = client.shell_context(node=node, job_id=job_id)
     what = f"job {ctx.job_id} on {ctx.node}" if ctx.job_id is not None else ctx.node
     err_console.print(f"shell for {what} in {ctx.cwd}\n  {ctx.note}", soft_wrap=True)
-    child = spawn([], ctx, shell)
-    with _ignored(signal.SIGINT):
-        raise typer.Exit(wait_child(child))
+    with shell_for([], ctx, shell, paths) as child, _ignored(signal.SIGINT):
+        code = wait_child(child)
+    raise typer.Exit(code)
 
 
 def shell_argv(shell: str | None, default: str | None = None) -> list[str]:
     return shlex.split(shell or default or os.environ.get("SHELL") or "bash")
 
 
-def spawn(argv: list[str], ctx: ShellContext, shell: str | None = None) -> subprocess.Popen[bytes]:
-    """The command ``argv`` (empty: the shell, ``shell`` or the default one), here, with the
-    node's environment and cwd; as the caller's account where this CLI is root."""
+@contextlib.contextmanager
+def shell_for(
+    argv: list[str], ctx: ShellContext, shell: str | None, paths: ClusterPaths | None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """:func:`spawn`; where it runs as the caller's account, with (given the cluster's
+    ``paths``) a trainpod home of its own that acts as the caller, removed on leaving."""
     account = _account(ctx)
+    home = shell_home(paths, account) if paths is not None else ShellHome()
+    try:
+        if home.path is not None:
+            err_console.print(f"  trainpod in the shell acts as you ({home.path}, yours alone)")
+        yield spawn(argv, ctx, shell, account, home.env)
+    finally:
+        home.remove()
+
+
+def spawn(
+    argv: list[str],
+    ctx: ShellContext,
+    shell: str | None = None,
+    account: RunAs | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """The command ``argv`` (empty: the shell, ``shell`` or the default one), here, with the
+    node's environment and cwd; as ``account`` (the caller's, where this CLI is root: see
+    :func:`_account`), with ``extra_env`` too."""
     argv = argv or shell_argv(shell, account.shell if account is not None else None)
     cwd = Path(ctx.cwd)
     if not cwd.is_dir():
         cwd.mkdir(parents=True, exist_ok=True)
         if account is not None:
-            account.own(cwd)
+            account.own(cwd, private=True)  # a job's scratch: the account's alone
     try:
         if account is None:
             return subprocess.Popen(argv, cwd=cwd, env={**os.environ, **ctx.env})
         return subprocess.Popen(
             argv,
             cwd=cwd,
-            env=account.env(ctx.env),
+            env=account.env({**ctx.env, **(extra_env or {})}),
             user=account.uid,
             group=account.gid,
             extra_groups=list(account.groups),

@@ -314,6 +314,11 @@ class Allocations:
             scratch = Path(env["TRAINPOD_SCRATCH_DIR"]) / f"job-{job_id}"
             env["TRAINPOD_JOB_SCRATCH_DIR"] = str(scratch)
             log_dir = self.cfg.jobs_dir / str(job_id) / f"step-{number}"
+            if spec.account is not None:
+                # The CLI that runs the step is the owner's account (the allocation's shell),
+                # which may not write under the cluster's home: the logs go in the job's
+                # scratch on the node, the account's alone (the agent made it so, 0700).
+                log_dir = scratch / f"step-{number}"
             orders[row.name] = order.model_copy(update={"env": env, "log_dir": str(log_dir)})
         self.store.append(
             now,

@@ -15,8 +15,10 @@ the signal (bash would otherwise die of it) and writes the allocation's notice f
 the allocation watches for it, gives its ranks trainpod's notice and reports it, so the
 controller records a preemption rather than lost nodes. A file, not a signal forwarded to
 the agents: the agents ignore the notice signal (their ranks inherit SIG_IGN, ADR 0013).
-Without ``preempt_send_user_signal`` Slurm sends SIGTERM at once instead: the agents then
-stop their ranks as on any SIGTERM (no notice).
+The same ``--signal`` goes out LEAD seconds before ``--time`` runs out; the agents ask Slurm
+which it is and take only a preemption for one. Without ``preempt_send_user_signal`` Slurm
+sends SIGTERM to the tasks (the agents) when it chooses the job: the agents take that as the
+notice (see :mod:`trainpod.agent.slurmnotice`).
 """
 
 from __future__ import annotations
