@@ -14,7 +14,13 @@ from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trainpod.api.devices import DeviceTelemetry, EnergySummary, JobEnergy
-from trainpod.api.heartbeat import BeatRunner, HeartbeatRoute, error_reply
+from trainpod.api.heartbeat import (
+    AgentDoor,
+    BeatRunner,
+    HeartbeatRoute,
+    error_reply,
+    serve_beat,
+)
 from trainpod.api.models import (
     AllocationLease,
     ChaosOrder,
@@ -56,6 +62,21 @@ SCRAPER = Principal("prometheus", "user")
 """The holder of the read-only scrape token (``scrape.token``): ``/metrics`` only."""
 
 
+class ControllerApp(FastAPI):
+    """The API, with the agents' heartbeats answered at its door
+    (:class:`~trainpod.api.heartbeat.AgentDoor`), before FastAPI's middleware stack."""
+
+    def __init__(self, door: AgentDoor, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._door = door
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._door.takes(scope):
+            await serve_beat(self._door.runner, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(
     controller: Controller,
     *,
@@ -66,29 +87,33 @@ def create_app(
 ) -> FastAPI:
     """``scrape_token``: a read-only token that opens ``/metrics`` only (empty: none)."""
     beats = BeatRunner(controller)
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        beats.close()
-
-    app = FastAPI(
-        title="trainpod controller",
-        version="1",
-        openapi_url="/v1/openapi.json",
-        docs_url="/v1/docs",
-        redoc_url=None,
-        lifespan=lifespan,
-    )
-
-    # Added first, so it runs inside BearerAuth: the token is checked as for every call.
-    app.add_middleware(HeartbeatRoute, runner=beats)
     tokens = Tokens(
         admin_token=admin_token,
         agent_token=agent_token,
         operator=operator(controller.cfg.operator),
         users=controller.access.principal,
     )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        beats.close()
+
+    app = ControllerApp(
+        AgentDoor(beats, tokens.principal),
+        title="trainpod controller",
+        version="1",
+        openapi_url="/v1/openapi.json",
+        docs_url="/v1/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+        # No OpenTelemetry: FastAPI's native telemetry asks on every request (each of
+        # ~1,200 heartbeats a second) whether a tracer, meter or logger provider is set.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
+    )
+
+    # Added first, so it runs inside BearerAuth: the token is checked as for every call.
+    app.add_middleware(HeartbeatRoute, runner=beats)
     app.add_middleware(BearerAuth, tokens=tokens, scrape_token=scrape_token)
     mount_dashboard(app, controller, resolve=tokens.principal)  # /ui: the web dashboard
     registry = CollectorRegistry(auto_describe=False)

@@ -20,12 +20,14 @@ import json
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainpod.api.models import Heartbeat, Orders
+from trainpod.controller.access import AGENT
 from trainpod.controller.core import Controller
 from trainpod.errors import Conflict, Forbidden, NotFound, SpecError, TrainpodError
 
@@ -55,6 +57,7 @@ class BeatRunner:
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None  # started by the first beat
         self._start = threading.Lock()
+        self._replies = ReplyCache()
 
     async def answer(self, hb: Heartbeat) -> bytes:
         """The reply to ``hb``: its orders (JSON), once they differ from those the agent
@@ -67,7 +70,7 @@ class BeatRunner:
             if remaining <= 0 or not await c.wake.changed_since(version, remaining):
                 break
             orders, version = await self._run(hb.node)
-        return c.stamp(orders).model_dump_json().encode()
+        return self._replies.encode(orders, c.clock.now())
 
     def close(self) -> None:
         """Stop the thread once it has served what it was given."""
@@ -133,6 +136,33 @@ def _settle(replies: list[_Reply]) -> None:
             done.set_result(result)
 
 
+class ReplyCache:
+    """Orders as the reply's bytes, encoded once per distinct orders: a thousand idle nodes
+    get the same "nothing to do" every second. Only ``controller_time`` differs from one
+    reply to the next; it is not part of the orders' hash, so orders of one hash encode
+    alike but for it, and it is written after them.
+
+    Used on the event loop only (no lock)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._bodies: dict[str, bytes] = {}  # orders' hash -> their JSON without the time
+
+    def encode(self, orders: Orders, now: float) -> bytes:
+        body = self._bodies.get(orders.hash) if orders.hash else None
+        if body is None:
+            body = orders.model_dump_json(exclude=_STAMP).encode()
+            if orders.hash:
+                if len(self._bodies) >= self._size:
+                    self._bodies.clear()
+                self._bodies[orders.hash] = body
+        return b"%s,%s}" % (body[:-1], _TIME_KEY + json.dumps(now).encode())
+
+
+_STAMP = {"controller_time"}
+_TIME_KEY = b'"controller_time":'
+
+
 class HeartbeatRoute:
     """Answers ``POST /v1/agent/heartbeat`` (see the module's docstring); passes on the rest.
 
@@ -149,21 +179,46 @@ class HeartbeatRoute:
         if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        body = await _body(receive)
-        if body is None:
-            return  # the agent hung up before it had sent its beat
-        try:
-            hb = Heartbeat.model_validate_json(body)
-        except ValidationError as exc:
-            await _reply(send, 422, _json({"detail": _invalid(exc)}))
-            return
-        try:
-            reply = await self.runner.answer(hb)
-        except TrainpodError as exc:
-            status, doc = error_reply(exc)
-            await _reply(send, status, _json(doc))
-            return
-        await _reply(send, 200, reply)
+        await serve_beat(self.runner, receive, send)
+
+
+async def serve_beat(runner: BeatRunner, receive: Receive, send: Send) -> None:
+    """Answer one heartbeat call (its token already accepted)."""
+    body = await _body(receive)
+    if body is None:
+        return  # the agent hung up before it had sent its beat
+    try:
+        hb = Heartbeat.model_validate_json(body)
+    except ValidationError as exc:
+        await _reply(send, 422, _json({"detail": _invalid(exc)}))
+        return
+    try:
+        reply = await runner.answer(hb)
+    except TrainpodError as exc:
+        status, doc = error_reply(exc)
+        await _reply(send, status, _json(doc))
+        return
+    await _reply(send, 200, reply)
+
+
+class AgentDoor:
+    """The heartbeats that carry the agents' token, taken before the rest of the app.
+
+    Outside FastAPI's own stack (its error, telemetry and body-size middleware) and
+    :class:`~trainpod.api.app.BearerAuth`, which every other call passes. It takes a call
+    only if its bearer token names the agents' principal, as BearerAuth would read it: any
+    other call to the path (no token, a user's token, the admin's) goes the usual way, and
+    is refused or answered there as before."""
+
+    def __init__(self, runner: BeatRunner, principal: Callable[[bytes], object]) -> None:
+        self.runner = runner
+        self._principal = principal
+
+    def takes(self, scope: Scope) -> bool:
+        if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
+            return False
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        return header[:7].lower() == b"bearer " and self._principal(header[7:]) is AGENT
 
 
 async def _body(receive: Receive) -> bytes | None:

@@ -259,22 +259,25 @@ class Orders(_Model):
         """These orders with their hash (the agent echoes it; a long poll waits while the
         agent holds orders of the same hash)."""
         # Most orders are the same as many before (a thousand idle nodes get the same
-        # "nothing to do"): their canonical JSON (sorted keys) is hashed once, looked up by
-        # pydantic's own (fast) dump of them.
+        # "nothing to do"): their canonical JSON (sorted keys) is hashed once, and the sealed
+        # orders kept, looked up by pydantic's own (fast) dump of them. Kept orders are
+        # shared: nothing changes orders once made (the reply's time goes on a copy).
         key = self.model_dump_json(exclude=_UNHASHED)
-        digest = _DIGESTS.get(key)
-        if digest is None:
-            body = json.dumps(self.model_dump(exclude=_UNHASHED), sort_keys=True)
-            digest = hashlib.sha256(body.encode()).hexdigest()[:16]
-            if len(_DIGESTS) >= _MAX_DIGESTS:
-                _DIGESTS.clear()
-            _DIGESTS[key] = digest
-        return self.model_copy(update={"hash": digest})
+        kept = _SEALED.get(key)
+        if kept is not None and kept.controller_time == self.controller_time:
+            return kept
+        body = json.dumps(self.model_dump(exclude=_UNHASHED), sort_keys=True)
+        digest = hashlib.sha256(body.encode()).hexdigest()[:16]
+        sealed = self.model_copy(update={"hash": digest})
+        if len(_SEALED) >= _MAX_SEALED:
+            _SEALED.clear()
+        _SEALED[key] = sealed
+        return sealed
 
 
 _UNHASHED = {"hash", "controller_time"}
-_MAX_DIGESTS = 4096
-_DIGESTS: dict[str, str] = {}  # Orders JSON (unhashed fields excluded) -> its hash
+_MAX_SEALED = 4096
+_SEALED: dict[str, Orders] = {}  # Orders JSON (unhashed fields excluded) -> them, sealed
 
 
 # -- public API ---------------------------------------------------------------------------

@@ -9,10 +9,11 @@ reports (started, exited, lost with a restarted agent), health and chaos acknowl
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pydantic_core
 
-from trainpod.api.models import AttemptReport, Heartbeat
+from trainpod.api.models import AttemptReport, HealthResult, Heartbeat, LifecycleStatus
 from trainpod.controller.books import BeaconBook, ChaosBook
 from trainpod.controller.checkpoints import CheckpointEvents
 from trainpod.controller.config import ControllerConfig
@@ -40,6 +41,16 @@ from trainpod.store.rows import NodeRow
 _FAULT_FREE = {NodeState.QUARANTINED, NodeState.REPAIRING, NodeState.RETIRED, NodeState.STOPPED}
 
 
+@dataclass(frozen=True)
+class _Facts:
+    """A node's facts column as the intake last wrote it, and the report it came from."""
+
+    facts: dict[str, Any]
+    lifecycle: LifecycleStatus
+    health: list[HealthResult]
+    text: str
+
+
 @dataclass
 class HeartbeatIngest:
     store: Store
@@ -58,6 +69,9 @@ class HeartbeatIngest:
     running: dict[str, set[int]] = field(
         default_factory=dict, init=False
     )  # node -> attempts with live ranks there
+    facts_written: dict[str, _Facts] = field(
+        default_factory=dict, init=False
+    )  # node -> what its facts column was last written from (one entry per node)
 
     def apply(self, hb: Heartbeat, now: float) -> None:
         node, new_agent = self._identify(hb, now)
@@ -115,14 +129,8 @@ class HeartbeatIngest:
         elif self.agents_seen.get(node.name) != hb.agent_id:
             self.store.append(now, AgentReconnected(node=node.name))
         self.agents_seen[node.name] = hb.agent_id
-        facts = {
-            **hb.facts,
-            "lifecycle": hb.lifecycle.model_dump(),
-            "health": [h.model_dump() for h in hb.health],
-        }
-        # Encoded once, for the column and the row (pydantic's encoder: the stdlib's costs
-        # several times as much for a real agent's ~2 KB of facts and health results).
-        facts_json = pydantic_core.to_json(facts).decode()
+        facts_json = self._facts_json(node, hb)
+        changed = {"facts": facts_json} if facts_json is not node.facts_json else {}
         self.store.update_node(
             node.name,
             now,
@@ -130,7 +138,7 @@ class HeartbeatIngest:
             address=hb.address,
             agent_id=hb.agent_id,
             agent_pid=hb.agent_pid,
-            facts=facts_json,
+            **changed,
         )
         # The row as just written, without reading (and decoding) it back.
         row = replace(
@@ -143,6 +151,29 @@ class HeartbeatIngest:
             updated_at=now,
         )
         return row, new_agent
+
+    def _facts_json(self, node: NodeRow, hb: Heartbeat) -> str:
+        """The node's facts column for this beat: the row's own (the same object) when the
+        beat reports the same facts, lifecycle and health as the one that wrote it, as an
+        agent does beat after beat; else encoded afresh (pydantic's encoder: the stdlib's
+        costs several times as much for a real agent's ~2 KB of facts and health)."""
+        last = self.facts_written.get(node.name)
+        if (
+            last is not None
+            and last.text == node.facts_json
+            and last.facts == hb.facts
+            and last.lifecycle == hb.lifecycle
+            and last.health == hb.health
+        ):
+            return node.facts_json
+        facts = {
+            **hb.facts,
+            "lifecycle": hb.lifecycle.model_dump(),
+            "health": [h.model_dump() for h in hb.health],
+        }
+        text = pydantic_core.to_json(facts).decode()
+        self.facts_written[node.name] = _Facts(hb.facts, hb.lifecycle, hb.health, text)
+        return text
 
     def _node_state(self, node: NodeRow, hb: Heartbeat, now: float) -> None:
         if node.state is NodeState.REPAIRING:

@@ -1,8 +1,10 @@
 """Wake-ups: a version bumped on every change, seen by the reconcile loop and long polls.
 
 Threads wait on a :class:`threading.Condition` (tests' fake agents, sync callers); the
-API's heartbeat handler waits on an :class:`asyncio.Event` per event loop instead, so a
-parked long poll holds no thread (a thousand waiting agents cost a thousand futures).
+API's heartbeat handler parks a long poll as a bare future of its event loop, with a timer
+handle for its deadline: no task and no thread per waiting agent (``asyncio.wait_for`` on
+an event made a task, a timer and a second future for each of a thousand polls a second).
+A change resolves every parked future of each loop in one callback on that loop.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ class Wake:
         self.version = 0
         self.changed = threading.Condition(lock)
         self.step_due = threading.Event()  # set when step() has work to do
-        self._loops: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
+        # The parked long polls of each event loop; touched on that loop only (a bump from
+        # another thread hands _fire to the loop), the dict itself under _loops_lock.
+        self._loops: dict[asyncio.AbstractEventLoop, set[asyncio.Future[bool]]] = {}
         self._loops_lock = threading.Lock()
 
     def bump(self) -> None:
@@ -37,20 +41,37 @@ class Wake:
 
     def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._loops_lock:
-            event = self._loops.get(loop)
-            self._loops[loop] = asyncio.Event()
-        if event is not None:
-            event.set()
+            parked = self._loops.get(loop)
+            if not parked:
+                return
+            self._loops[loop] = set()
+        for waiter in parked:
+            if not waiter.done():
+                waiter.set_result(True)
 
     async def changed_since(self, version: int, timeout_s: float) -> bool:
-        """Wait, holding no thread, until the version moves past ``version``."""
+        """Wait, holding no thread, until the version moves past ``version`` (True) or
+        ``timeout_s`` has passed (whether it moved meanwhile)."""
         loop = asyncio.get_running_loop()
-        with self._loops_lock:
-            event = self._loops.setdefault(loop, asyncio.Event())
+        waiter: asyncio.Future[bool] = loop.create_future()
+        with self._loops_lock:  # parked before the version is read: a bump from now on fires
+            self._loops.setdefault(loop, set()).add(waiter)
         if self.version != version:
+            with self._loops_lock:
+                self._loops[loop].discard(waiter)
             return True
+        timer = loop.call_later(timeout_s, _expire, waiter)
         try:
-            await asyncio.wait_for(event.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            return self.version != version
-        return True
+            await waiter
+        finally:
+            timer.cancel()
+            with self._loops_lock:
+                parked = self._loops.get(loop)
+                if parked is not None:
+                    parked.discard(waiter)
+        return self.version != version
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)

@@ -17,6 +17,7 @@ from typing import Any
 from trainpod.model.events import Event, FaultDetected, Recorded, recorded
 from trainpod.model.states import AttemptState, JobState, NodeState, RankState
 from trainpod.store.db import open_db
+from trainpod.store.nodecache import NodeCache
 from trainpod.store.rows import AttemptRow, EventRow, JobRow, NodeRow, RankRow
 
 _NODE_COLUMNS = {
@@ -76,6 +77,7 @@ class Store:
         self.work_version = 0
         """Moves on every write to jobs, attempts or ranks, and on every rollback: what is
         read from those tables and kept stays valid while it stays the same."""
+        self._nodes = NodeCache(self._read_nodes)
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -106,6 +108,7 @@ class Store:
         except BaseException:
             self._conn.execute("ROLLBACK")
             self.work_version += 1
+            self._nodes.drop()
             raise
         else:
             self._conn.execute("COMMIT")
@@ -124,6 +127,7 @@ class Store:
         except BaseException:
             self._conn.execute("ROLLBACK TO block")
             self.work_version += 1
+            self._nodes.drop()
             raise
         finally:
             self._conn.execute("RELEASE block")
@@ -260,13 +264,21 @@ class Store:
             "VALUES(?,?,?,?,?,?,?)",
             (name, group, role, int(spare), devices, NodeState.PROVISIONING.value, ts),
         )
+        self._nodes.drop()
 
     def node(self, name: str) -> NodeRow | None:
-        r = self._conn.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone()
-        return None if r is None else NodeRow.from_sql(r)
+        """The node's row (kept in memory: :mod:`trainpod.store.nodecache`)."""
+        return self._nodes.rows().get(name)
 
     def nodes(self) -> list[NodeRow]:
+        return list(self._nodes.rows().values())
+
+    def _read_nodes(self) -> list[NodeRow]:
         return [NodeRow.from_sql(r) for r in self._conn.execute("SELECT * FROM nodes")]
+
+    def _read_node(self, name: str) -> NodeRow | None:
+        r = self._conn.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone()
+        return None if r is None else NodeRow.from_sql(r)
 
     def nodes_in(self, states: Sequence[NodeState]) -> list[NodeRow]:
         """The nodes in ``states`` (the reconcile loop's passes look at few of many)."""
@@ -288,10 +300,12 @@ class Store:
         self._conn.execute(
             f"UPDATE nodes SET {sets}, updated_at = ? WHERE name = ?", [*args, ts, name]
         )
+        self._nodes.written(self._read_node(name), name)
 
     def touch_heartbeats(self, ts: float) -> None:
         """Give every node a fresh heartbeat time (used when the controller restarts)."""
         self._conn.execute("UPDATE nodes SET last_heartbeat = ?", (ts,))
+        self._nodes.drop()
 
     # -- jobs ---------------------------------------------------------------------------
     def insert_job(self, name: str, spec: dict[str, Any], ts: float) -> int:
