@@ -19,8 +19,9 @@ from trainpod.agent.devices import DeviceTelemetry, SimulatedReader
 from trainpod.api.app import create_app
 from trainpod.api.models import ClusterInfo
 from trainpod.controller.access import operator
+from trainpod.controller.metrics import ClusterMetrics
 from trainpod.telemetry.exposition import render
-from trainpod.telemetry.metrics import families
+from trainpod.telemetry.metrics import Scrape, families
 
 from .healing import HealingCluster, Make
 
@@ -162,3 +163,74 @@ def test_who_may_scrape(cluster: HealingCluster, client: TestClient) -> None:
     assert r.status_code == 403 and "only /metrics" in r.json()["message"]
     agent = client.get("/metrics", headers={"Authorization": "Bearer agent-secret"})
     assert agent.status_code == 403
+
+
+def test_a_long_history_is_worked_off_over_the_first_scrapes(cluster: HealingCluster) -> None:
+    """A restarted controller's first scrapes fold the log and compute ended jobs' goodput a
+    bounded piece at a time; until done, the families that would read short are left out,
+    and once done every family is the one a collector without bounds serves."""
+    c = cluster
+    for team in ("vision", "speech", "vision"):
+        job = c.submit(auto_resume=True, team=team)
+        c.start(job)
+        c.tick(2.0)
+        c.crash(job, 1)
+        c.tick(1.0)
+        c.start(job)
+        c.tick(3.0)
+        c.finish(job)
+        c.tick(1.0)
+    c.tick(120.0)  # long enough ago for their goodput to be kept
+    ctl = c.controller
+
+    def collector(**bounds: int) -> ClusterMetrics:
+        return ClusterMetrics(
+            ctl.store,
+            ctl.cfg,
+            ctl._lock,
+            ctl.views,
+            ctl.beacons,
+            ctl.telemetry,
+            ctl.planner,
+            ctl.clock.now,
+            **bounds,
+        )
+
+    def names(scrape: Scrape) -> set[str]:
+        return {m.name for m in families(scrape)}
+
+    whole = collector().scrape()
+    bounded = collector(events_per_scrape=4, ended_per_scrape=1)
+    first = bounded.scrape()
+    assert first.tally_behind and first.goodput_behind == 2
+    assert "trainpod_faults" not in names(first) and "trainpod_faults" in names(whole)
+    assert "trainpod_team_goodput_ratio" not in names(first)
+    assert "trainpod_cluster_goodput_ratio" not in names(first)
+    assert "trainpod_device_power_watts" in names(first)  # the rest is served as ever
+    scrapes = [first]
+    while scrapes[-1].tally_behind or scrapes[-1].goodput_behind:
+        assert len(scrapes) < 100, "the backlog never shrinks"
+        scrapes.append(bounded.scrape())
+    assert scrapes[2].goodput_behind == 0  # one ended job a scrape
+    done = scrapes[-1]
+    assert names(done) == names(whole)
+    assert done.teams == whole.teams and done.cluster_sums == whole.cluster_sums
+    assert done.tally.faults == whole.tally.faults and done.tally.faults["crash"] == 3
+    assert done.tally.restarts == whole.tally.restarts
+    assert render(families(done)) == render(families(whole))
+
+
+def test_bounds_below_one_are_refused(cluster: HealingCluster) -> None:
+    ctl = cluster.controller
+    with pytest.raises(ValueError, match="must be at least 1"):
+        ClusterMetrics(
+            ctl.store,
+            ctl.cfg,
+            ctl._lock,
+            ctl.views,
+            ctl.beacons,
+            ctl.telemetry,
+            ctl.planner,
+            ctl.clock.now,
+            ended_per_scrape=0,
+        )

@@ -58,7 +58,7 @@ class Rows(Metric):
     def add(self, values: tuple[str, ...], value: float) -> None:
         self.rows.append((values, value))
 
-    @property  # type: ignore[override]
+    @property
     def samples(self) -> list[Sample]:
         return [
             Sample(self.sample_name, dict(zip(self.labels, v, strict=True)), value, None, None)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from trainpod.api.models import EventInfo, JobInfo
+from trainpod.api.models import JobInfo
 from trainpod.model.events import (
     AttemptCreated,
     AttemptProgress,
@@ -24,6 +24,7 @@ from trainpod.model.events import (
     JobPreempted,
     RankStarted,
     RecoveryDecision,
+    StoredEventLike,
     parse,
 )
 from trainpod.model.states import AttemptState, JobState
@@ -44,6 +45,22 @@ BUCKETS = (  # in display order
     "shutdown",
     "unaccounted",
 )
+KINDS = tuple(
+    e.kind
+    for e in (
+        AttemptCreated,
+        RankStarted,
+        FirstBeacon,
+        FaultDetected,
+        FaultClassified,
+        AttemptStateChanged,
+        AttemptProgress,
+        JobPreempted,
+        RecoveryDecision,
+    )
+)
+"""The kinds of event goodput reads: of a job that has an end time, its events of other kinds
+change nothing (a reader may fetch only these; ``/metrics`` does)."""
 _ATTEMPT_ENDED = frozenset(s.value for s in AttemptState if s.ended)
 _JOB_ENDED = frozenset(s.value for s in JobState if s.ended)
 _RETRY = {"restart", "wait"}
@@ -142,7 +159,9 @@ class _Sweep:
         self.b[bucket] += self.span(f"{label}{bucket}", a, b)
 
 
-def _collect(job: JobInfo, evs: list[EventInfo], notes: list[str]) -> tuple[list[_A], list[_F]]:
+def _collect(
+    job: JobInfo, evs: list[StoredEventLike], notes: list[str]
+) -> tuple[list[_A], list[_F]]:
     atts: dict[int, AttemptTimeline] = {}
     faults: list[FaultRecord] = []
     replaced: dict[int, list[str]] = {}
@@ -294,7 +313,7 @@ def _attempt(sw: _Sweep, a: _A, earlier: list[_A], final: bool, ended: bool) -> 
         sw.add("shutdown", last if clean else end, sw.end, label)
 
 
-def compute_goodput(job: JobInfo, events: Sequence[EventInfo], now: float) -> GoodputReport:
+def compute_goodput(job: JobInfo, events: Sequence[StoredEventLike], now: float) -> GoodputReport:
     """Split ``job``'s wall clock (submit → end, or ``now`` while it runs) into BUCKETS."""
     notes: list[str] = []
     mine = sorted((e for e in events if e.job_id == job.id), key=lambda e: (e.ts, e.id))
