@@ -6,6 +6,7 @@ sampler over its simulated reader)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -20,7 +21,10 @@ from trainpod.api.app import create_app
 from trainpod.api.models import ClusterInfo
 from trainpod.controller.access import operator
 from trainpod.controller.metrics import ClusterMetrics
+from trainpod.store.scan import events_of_jobs, job_facts
 from trainpod.telemetry.exposition import render
+from trainpod.telemetry.goodput import KINDS as GOODPUT_KINDS
+from trainpod.telemetry.goodput import compute_goodput
 from trainpod.telemetry.metrics import Scrape, families
 
 from .healing import HealingCluster, Make
@@ -183,7 +187,7 @@ def test_a_long_history_is_worked_off_over_the_first_scrapes(cluster: HealingClu
     c.tick(120.0)  # long enough ago for their goodput to be kept
     ctl = c.controller
 
-    def collector(**bounds: int) -> ClusterMetrics:
+    def collector(**bounds: Any) -> ClusterMetrics:
         return ClusterMetrics(
             ctl.store,
             ctl.cfg,
@@ -200,7 +204,7 @@ def test_a_long_history_is_worked_off_over_the_first_scrapes(cluster: HealingClu
         return {m.name for m in families(scrape)}
 
     whole = collector().scrape()
-    bounded = collector(events_per_scrape=4, ended_per_scrape=1)
+    bounded = collector(events_per_scrape=4, ended_chunk=1, catch_up_s=0.0)  # a chunk a scrape
     first = bounded.scrape()
     assert first.tally_behind and first.goodput_behind == 2
     assert "trainpod_faults" not in names(first) and "trainpod_faults" in names(whole)
@@ -232,5 +236,32 @@ def test_bounds_below_one_are_refused(cluster: HealingCluster) -> None:
             ctl.telemetry,
             ctl.planner,
             ctl.clock.now,
-            ended_per_scrape=0,
+            ended_chunk=0,
         )
+
+
+def test_goodput_from_the_scrapes_reads_is_the_api_s(cluster: HealingCluster) -> None:
+    """/metrics computes goodput from job_facts and only the kinds of event goodput reads;
+    the API from the whole JobInfo and every event: the same report, a live job's too."""
+    c = cluster
+    done = c.submit(auto_resume=True, team="vision")
+    c.start(done)
+    c.tick(2.0)
+    c.crash(done, 1)
+    c.tick(1.0)
+    c.start(done)
+    c.tick(3.0)
+    c.finish(done)
+    c.tick(1.0)
+    live = c.submit(team="speech")
+    c.start(live)
+    c.tick(4.0)
+    ctl, now = c.controller, c.clock.now()
+    with ctl._lock:
+        facts = job_facts(ctl.store, [done, live, 999])
+        kinds = events_of_jobs(ctl.store, [done, live], GOODPUT_KINDS)
+    assert [f.id for f in facts] == [done, live]  # unknown ids left out
+    assert len(facts[0].attempts) == 2
+    for f in facts:
+        api = compute_goodput(ctl.job_info(f.id), ctl.event_infos(job_id=f.id), now)
+        assert compute_goodput(f, kinds[f.id], now) == api

@@ -10,15 +10,16 @@ LIVE_GOODPUT_PER_SCRAPE (new jobs first, then the longest unrefreshed): a bounde
 scrape whatever the number of running jobs. Scrapes run one at a time (their own lock).
 
 The first scrapes of a controller with a long history are bounded too: each folds at most
-EVENTS_PER_SCRAPE events of the log into the counters and computes at most
-ENDED_GOODPUT_PER_SCRAPE ended jobs' goodput (reading only the kinds of event goodput uses);
-until the history is worked off, the families it would leave short are left out. Job specs
-are decoded once, by the views' shared :class:`~trainpod.controller.views.Specs`.
+EVENTS_PER_SCRAPE events of the log into the counters and spends about CATCH_UP_S on ended
+jobs' goodput; until the history is worked off, the families it would leave short are left
+out. Goodput is computed from :func:`~trainpod.store.scan.job_facts` and the kinds of event
+it reads: no job spec is decoded here (the labels come from the raw spec, once per job).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -37,7 +38,13 @@ from trainpod.model.states import JobState
 from trainpod.store.energy import IDLE_JOB, Energy, EnergyTotal
 from trainpod.store.repo import Store
 from trainpod.store.rows import JobRow
-from trainpod.store.scan import events_of_jobs, events_since, node_states
+from trainpod.store.scan import (
+    events_of_jobs,
+    events_since,
+    job_facts,
+    job_labels,
+    node_states,
+)
 from trainpod.telemetry.goodput import KINDS as GOODPUT_KINDS
 from trainpod.telemetry.goodput import GoodputReport, compute_goodput
 from trainpod.telemetry.metrics import EnergySum, JobLive, Scrape, Sums, families
@@ -45,16 +52,20 @@ from trainpod.telemetry.tally import KINDS, UNKNOWN, EventTally, JobMeta
 
 TIERS = ("memory", "scratch", "peer", "durable")  # trainpod.ckpt's tiers
 LIVE_GOODPUT_PER_SCRAPE = 100
-EVENTS_PER_SCRAPE = 20_000
+"""Live jobs whose goodput one scrape recomputes (each is a read of its events and a walk
+of them): at 1,000 live jobs a job's figure is at most ten scrapes old."""
+EVENTS_PER_SCRAPE = 10_000
 """Events of the log one scrape folds into the counters: a restarted controller with a long
 log folds it over its first scrapes (about 0.1 s each on a 2-core box), and serves the
 event-counted families (attempts, faults, durations, checkpoints) once it has all of it,
 never a partial count that would read as a burst."""
-ENDED_GOODPUT_PER_SCRAPE = 1_000
-"""Ended jobs whose goodput one scrape computes once (then keeps): until every ended job's
-is in, the team and cluster goodput families are left out rather than shown short."""
-"""Live jobs whose goodput one scrape recomputes (each is a read of its events and a walk
-of them): at 1,000 live jobs a job's figure is at most ten scrapes old."""
+ENDED_CHUNK = 100
+"""Ended jobs whose goodput is computed (once, then kept) in one read of the store."""
+CATCH_UP_S = 0.2
+"""A scrape computes ended jobs' goodput a chunk at a time until it has spent this long (at
+least one chunk): a restarted controller's history (some 0.5 ms a job on a 2-core box) is
+worked off over its first scrapes. Until every ended job's is in, the team and cluster
+goodput families are left out rather than shown short."""
 _WAITING = (JobState.QUEUED, JobState.PREEMPTED)
 _LIVE = [s for s in JobState if not s.ended]
 
@@ -81,15 +92,19 @@ class ClusterMetrics(Collector):
         now: Callable[[], float],
         *,
         events_per_scrape: int = EVENTS_PER_SCRAPE,
-        ended_per_scrape: int = ENDED_GOODPUT_PER_SCRAPE,
+        ended_chunk: int = ENDED_CHUNK,
+        catch_up_s: float = CATCH_UP_S,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if events_per_scrape < 1 or ended_per_scrape < 1:
+        if events_per_scrape < 1 or ended_chunk < 1:
             raise ValueError(
-                f"events_per_scrape ({events_per_scrape}) and ended_per_scrape "
-                f"({ended_per_scrape}) must be at least 1"
+                f"events_per_scrape ({events_per_scrape}) and ended_chunk ({ended_chunk}) "
+                "must be at least 1"
             )
         self.events_per_scrape = events_per_scrape
-        self.ended_per_scrape = ended_per_scrape
+        self.ended_chunk = ended_chunk
+        self.catch_up_s = catch_up_s
+        self._timer = timer
         self.store = store
         self.cfg = cfg
         self._lock = lock
@@ -99,6 +114,8 @@ class ClusterMetrics(Collector):
         self.planner = planner
         self._now = now
         self._scrape_lock = threading.Lock()
+        self.last: Scrape | None = None
+        """What the last :meth:`collect` served (whether it was behind, for instance)."""
         self._meta: dict[int, JobMeta] = {}
         self._counted: set[int] = set()
         """Ended jobs whose goodput is in the sums below (it no longer changes)."""
@@ -119,14 +136,15 @@ class ClusterMetrics(Collector):
 
     def collect(self) -> Iterable[Metric]:
         with self._scrape_lock:
-            return families(self.scrape())
+            self.last = self.scrape()
+            return families(self.last)
 
     def scrape(self) -> Scrape:
         now = self._now()
         with self._lock:
             nodes = node_states(self.store)
             heads = self.store.job_heads()
-            self._learn(self.store.jobs_by_id([j for j, *_ in heads if j not in self._meta]))
+            self._learn(job_labels(self.store, [j for j, *_ in heads if j not in self._meta]))
             waiting = self.store.jobs(list(_WAITING))
             new_events = events_since(self.store, self.tally.last_id, KINDS, self.events_per_scrape)
             energy = Energy(self.store).per_job()
@@ -144,30 +162,17 @@ class ClusterMetrics(Collector):
             for j, state, _, ended_at in heads
             if state.ended and j not in self._counted and ended_at is not None
         ]
-        # Jobs that ended lately may still change: computed each scrape, not kept. The others
-        # are computed once, at most ENDED_GOODPUT_PER_SCRAPE a scrape (a restarted
-        # controller's history is worked off over its first scrapes, none of them long).
+        # Jobs that ended lately may still change: computed each scrape, not kept.
         recent_ids = [j for j, at in ended if now - at <= FROZEN_AFTER_S]
-        frozen = [j for j, at in ended if now - at > FROZEN_AFTER_S]
-        backlog = frozen[self.ended_per_scrape :]
-        frozen = frozen[: self.ended_per_scrape]
-        with self._lock:
-            events = events_of_jobs(self.store, refresh + recent_ids + frozen, GOODPUT_KINDS)
-        recent: list[tuple[int, _Done]] = []
-        for info in self.views.of_jobs(recent_ids + frozen) if ended else []:
-            done = _done(compute_goodput(info, events[info.id], now))
-            if info.ended_at is not None and now - info.ended_at > FROZEN_AFTER_S:
-                self._counted.add(info.id)
-                self._add(self._ended_teams, self._ended_total, self.meta(info.id).team, done)
-            else:
-                recent.append((info.id, done))
-        for info in self.views.of_jobs(refresh) if refresh else []:
-            report = compute_goodput(info, events[info.id], now)
-            self._running[info.id] = (now, _done(report))
+        recent = self._goodput(refresh + recent_ids, now)
+        for job_id in refresh:
+            if (d := recent.pop(job_id, None)) is not None:
+                self._running[job_id] = (now, d)
+        backlog = self._count_ended([j for j, at in ended if now - at > FROZEN_AFTER_S], now)
         live = [self._live(j, energy, attempts) for j in live_ids if j in self._running]
         teams = {team: sums.copy() for team, sums in self._ended_teams.items()}
         total = self._ended_total.copy()
-        for job_id, d in recent:
+        for job_id, d in recent.items():
             self._add(teams, total, self.meta(job_id).team, d)
         for j in live:
             self._add(teams, total, j.team, _Done(j.wall_s, j.productive_s, j.lost_s))
@@ -190,22 +195,42 @@ class ClusterMetrics(Collector):
             cluster_energy=cluster_energy,
             idle_energy=idle_energy,
             tally_behind=len(new_events) == self.events_per_scrape,
-            goodput_behind=len(backlog),
+            goodput_behind=backlog,
         )
 
     # -- pieces ---------------------------------------------------------------------------
+    def _goodput(self, job_ids: list[int], now: float) -> dict[int, _Done]:
+        """These jobs' goodput now, from their records and the kinds of event it reads."""
+        with self._lock:
+            events = events_of_jobs(self.store, job_ids, GOODPUT_KINDS)
+            facts = job_facts(self.store, job_ids)
+        return {job.id: _done(compute_goodput(job, events[job.id], now)) for job in facts}
+
+    def _count_ended(self, job_ids: list[int], now: float) -> int:
+        """Add ended jobs' goodput to the kept sums, ``ended_chunk`` at a time until
+        ``catch_up_s`` is spent (at least one chunk); returns how many are left."""
+        start, done = self._timer(), 0
+        while done < len(job_ids) and (done == 0 or self._timer() - start < self.catch_up_s):
+            chunk = job_ids[done : done + self.ended_chunk]
+            for job_id, d in self._goodput(chunk, now).items():
+                self._counted.add(job_id)
+                self._add(self._ended_teams, self._ended_total, self.meta(job_id).team, d)
+            done += len(chunk)
+        return len(job_ids) - done
+
     def meta(self, job_id: int) -> JobMeta:
         return self._meta.get(job_id, UNKNOWN)
 
-    def _learn(self, rows: Sequence[JobRow]) -> None:
-        for row in rows:
-            spec = row.spec
-            self._meta[row.id] = JobMeta(
-                team=spec.get("team") or "none",
-                priority_class=spec.get("priority_class") or "none",
-                partition=spec.get("partition") or self.cfg.default_partition,
-                user=spec.get("user") or "",
-                submitted_at=row.submitted_at,
+    def _learn(
+        self, rows: Sequence[tuple[int, float, str | None, str | None, str | None, str | None]]
+    ) -> None:
+        for job_id, submitted_at, team, priority_class, partition, user in rows:
+            self._meta[job_id] = JobMeta(
+                team=team or "none",
+                priority_class=priority_class or "none",
+                partition=partition or self.cfg.default_partition,
+                user=user or "",
+                submitted_at=submitted_at,
             )
 
     def _job_counts(
