@@ -34,6 +34,7 @@ from trainpod.scheduler.base import Hold
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow, JobRow, NodeRow, RankRow
+from trainpod.store.scan import jobs_changed
 
 FROZEN_AFTER_S = 60.0
 """An ended job's row no longer changes (late reports from its agents arrive within seconds)."""
@@ -112,6 +113,13 @@ class Views:
         with self._lock:
             rows = self._read(self.store.jobs_by_id(job_ids))
         return self._build(rows)
+
+    def changes(self, after: int | None) -> tuple[int, set[int]]:
+        """The newest event id and the jobs with an event after ``after`` (None: only the
+        id): a follower's cheap "what changed since my last look" (every change appends an
+        event)."""
+        with self._lock:
+            return jobs_changed(self.store, after)
 
     def jobs(self, include_ended: bool = True, limit: int | None = None) -> list[JobInfo]:
         states = None if include_ended else [s for s in JobState if not s.ended]

@@ -136,3 +136,17 @@ def job_labels(
         (json.dumps(list(job_ids)),),
     )
     return [tuple(r) for r in rows]
+
+
+def jobs_changed(store: Store, after: int | None) -> tuple[int, set[int]]:
+    """The newest event id, and the jobs with an event above ``after`` up to it (None: no
+    jobs, only the id): what changed since a reader's last look."""
+    row = store.connection.execute("SELECT MAX(id) FROM events").fetchone()
+    newest = int(row[0]) if row is not None and row[0] is not None else 0
+    if after is None or newest <= after:
+        return newest, set()
+    rows = store.connection.execute(
+        "SELECT DISTINCT job_id FROM events WHERE id > ? AND id <= ? AND job_id IS NOT NULL",
+        (after, newest),
+    )
+    return newest, {int(r[0]) for r in rows}
