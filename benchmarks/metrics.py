@@ -1,4 +1,10 @@
-"""Metrics benchmark: the cost of one ``/metrics`` scrape at 1,000 nodes and 10,000 jobs.
+"""Metrics benchmark: what observability costs a training step, and a ``/metrics`` scrape.
+
+``--part step`` (benchmarks/metrics_step.py): a training loop's step time with the beacon
+path's metrics on (the agent's TensorBoard writer) vs off (the same beacon server, no
+writer), median of ``--step-runs`` interleaved runs; target: at most 1%. ``--part scrape``:
+the cost of one ``/metrics`` scrape at 1,000 nodes and 10,000 jobs, below. ``--part all``
+(the default) runs both, the step first.
 
 A real :class:`~trainpod.controller.core.Controller` on a real SQLite file, driven in-process
 by fake agents (``trainpod.testing.FakeAgent``) on a fake clock: ``--nodes`` nodes (default
@@ -23,7 +29,8 @@ included. Building the history takes most of the run (about 15 minutes at the de
 
 Run it from the repository root, under the shared benchmark lock::
 
-    flock /tmp/bench.lock .venv/bin/python benchmarks/metrics.py [--nodes 1000] [--jobs 10000]
+    flock /tmp/bench.lock .venv/bin/python benchmarks/metrics.py [--part all|step|scrape]
+        [--step-runs 7] [--steps 300] [--step-ms 10] [--nodes 1000] [--jobs 10000]
         [--devices 8] [--runs 5] [--scrapes 7] [--json benchmarks/results/metrics.json]
 """
 
@@ -42,6 +49,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+import metrics_step
 from trainpod.agent.devices import DeviceTelemetry, SimulatedReader
 from trainpod.controller.core import Controller
 from trainpod.controller.metrics import ClusterMetrics
@@ -52,6 +60,7 @@ from trainpod.telemetry.exposition import render
 from trainpod.testing import FakeAgent, FakeClock, FakeGroup, make_config
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "metrics.json"
+STEP_JSON = Path(__file__).parent / "results" / "metrics-step.json"
 TARGET_S = 1.0
 
 
@@ -223,6 +232,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--part",
+        choices=("all", "step", "scrape"),
+        default="all",
+        help="the training step's cost (metrics on vs off), the scrape's, or both",
+    )
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--jobs", type=int, default=10_000)
@@ -231,16 +246,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=50, help="jobs started at a time")
     ap.add_argument("--beats", type=int, default=50, help="agents that beat between scrapes")
     ap.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    ap.add_argument("--step-runs", type=int, default=7, help="runs per mode of the step part")
+    ap.add_argument("--steps", type=int, default=300, help="steps per run of the step part")
+    ap.add_argument("--step-ms", type=float, default=10.0, help="a step's work, in ms")
+    ap.add_argument("--step-json", type=Path, default=STEP_JSON)
     args = ap.parse_args(argv)
-    if args.runs < 5:
-        ap.error("--runs must be at least 5 (the median of fewer says little)")
-    if args.scrapes < 1:
-        ap.error("--scrapes must be at least 1")
-    result = run(args)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.runs < 5 or args.step_runs < 5:
+        ap.error("--runs and --step-runs must be at least 5 (the median of fewer says little)")
+    if args.scrapes < 1 or args.steps < 10 or args.step_ms <= 0:
+        ap.error("--scrapes must be at least 1, --steps at least 10, --step-ms above 0")
+    if args.part in ("all", "step"):
+        step = metrics_step.measure(args.steps, args.step_runs, args.step_ms)
+        args.step_json.parent.mkdir(parents=True, exist_ok=True)
+        args.step_json.write_text(json.dumps(step, indent=2) + "\n")
+        print(metrics_step.summary(step), flush=True)
+    if args.part in ("all", "scrape"):
+        result = run(args)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(scrape_summary(result))
+    return 0
+
+
+def scrape_summary(result: dict[str, Any]) -> str:
     s, f, load = result["scrape_s"], result["first_scrape_s"], result["load1"]
-    print(
+    return (
         f"scrape at {result['nodes']} nodes x {result['devices_per_node']} devices, "
         f"{result['jobs']} jobs {result['job_states']}, {result['runs']} runs of "
         f"{result['scrapes_per_run']} scrapes: median {s['median']:.3f}s "
@@ -252,7 +282,6 @@ def main(argv: list[str] | None = None) -> int:
         f"load1 {load['median']} [{load['min']}-{load['max']}]; target < {TARGET_S:g}s: "
         f"{'met' if result['met'] else 'NOT met'}"
     )
-    return 0
 
 
 if __name__ == "__main__":
