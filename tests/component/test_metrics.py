@@ -223,6 +223,26 @@ def test_a_long_history_is_worked_off_over_the_first_scrapes(cluster: HealingClu
     assert done.tally.restarts == whole.tally.restarts
     assert render(families(done)) == render(families(whole))
 
+    # Caught up: more than a bound's worth later is lagged, never hidden nor left short.
+    for team in ("vision", "speech"):
+        job = c.submit(auto_resume=True, team=team)
+        c.start(job)
+        c.tick(2.0)
+        c.crash(job, 1)
+        c.tick(1.0)
+        c.start(job)
+        c.finish(job)
+    c.tick(120.0)
+    after = bounded.scrape()
+    assert not after.tally_behind and after.goodput_behind == 0  # both ended jobs counted
+    assert "trainpod_faults" in names(after) and "trainpod_team_goodput_ratio" in names(after)
+    assert after.teams == collector().scrape().teams
+    for _ in range(100):  # the lag is worked off, 4 events a scrape
+        if bounded.scrape().tally.faults["crash"] == 5:
+            break
+    else:
+        pytest.fail("the counters never caught up with the two later jobs")
+
 
 def test_bounds_below_one_are_refused(cluster: HealingCluster) -> None:
     ctl = cluster.controller

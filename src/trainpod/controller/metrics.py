@@ -121,6 +121,8 @@ class ClusterMetrics(Collector):
         """Ended jobs whose goodput is in the sums below (it no longer changes)."""
         self._ended_teams: dict[str, Sums] = {}
         self._ended_total = Sums()
+        self._folded = False  # the counters have folded the log they found at the start
+        self._caught_up = False  # every ended job found at the start is in the sums
         self._running: dict[int, tuple[float, _Done]] = {}
         """Live jobs' goodput and when it was computed (refreshed a bounded few a scrape)."""
         self.tally = EventTally()
@@ -194,7 +196,7 @@ class ClusterMetrics(Collector):
             team_energy=team_energy,
             cluster_energy=cluster_energy,
             idle_energy=idle_energy,
-            tally_behind=len(new_events) == self.events_per_scrape,
+            tally_behind=self._folding(len(new_events) == self.events_per_scrape),
             goodput_behind=backlog,
         )
 
@@ -206,16 +208,27 @@ class ClusterMetrics(Collector):
             facts = job_facts(self.store, job_ids)
         return {job.id: _done(compute_goodput(job, events[job.id], now)) for job in facts}
 
+    def _folding(self, more: bool) -> bool:
+        """Whether the counters are still folding the log they found (then left out). Once
+        they have caught up, a burst of more than ``events_per_scrape`` events between two
+        scrapes is only counted a scrape late (counters lag, never go back), not hidden."""
+        self._folded = self._folded or not more
+        return not self._folded
+
     def _count_ended(self, job_ids: list[int], now: float) -> int:
         """Add ended jobs' goodput to the kept sums, ``ended_chunk`` at a time until
-        ``catch_up_s`` is spent (at least one chunk); returns how many are left."""
+        ``catch_up_s`` is spent (at least one chunk), or all of them once the history found
+        at the start is worked off (then they are the few that ended a minute ago, and a
+        job left for later would be missing from the sums); returns how many are left."""
         start, done = self._timer(), 0
-        while done < len(job_ids) and (done == 0 or self._timer() - start < self.catch_up_s):
+        budget = self.catch_up_s if not self._caught_up else float("inf")
+        while done < len(job_ids) and (done == 0 or self._timer() - start < budget):
             chunk = job_ids[done : done + self.ended_chunk]
             for job_id, d in self._goodput(chunk, now).items():
                 self._counted.add(job_id)
                 self._add(self._ended_teams, self._ended_total, self.meta(job_id).team, d)
             done += len(chunk)
+        self._caught_up = self._caught_up or done == len(job_ids)
         return len(job_ids) - done
 
     def meta(self, job_id: int) -> JobMeta:
