@@ -17,12 +17,13 @@ separate process with a real :class:`~trainpod.agent.beacons.BeaconServer` on it
 * ``none``: no agent (``TRAINPOD_BEACON_SOCKET`` unset: ``report`` is a no-op), for scale:
   the whole beacon path against nothing.
 
-The step's work is a CPU matmul (torch, its default threads) STANDING IN for a GPU step:
-there is no GPU here, so the loop, the receiver and the writer compete for the same two
-cores, which makes the figure an upper bound of what a GPU node pays. The modes are
-interleaved run by run (their order rotated) so each sees the same load; a run's figure is
-its mean step time; the median of ``--runs`` runs (default 7) per mode is compared, with the
-spread of the per-run on/off ratios. Target: ``on`` costs at most 1% over ``off``.
+The step's work is a CPU matmul (torch, one thread) STANDING IN for a GPU step: there is no
+GPU here, so the loop, the receiver and the writer compete for the same two cores (and
+whatever else the box runs), which makes the figure an upper bound of what a GPU node pays.
+The modes are interleaved run by run (their order rotated) so each sees the same load; a
+run's figure is its mean step time; the median of ``--runs`` runs (default 7) per mode is
+compared, with the spread of the per-run on/off ratios. Target: ``on`` costs at most 1%
+over ``off``.
 """
 
 from __future__ import annotations
@@ -70,18 +71,23 @@ print(srv.received, 0 if tap is None else tap.dropped, flush=True)
 
 
 def calibrate(step_s: float) -> torch.Tensor:
-    """A square matrix whose product with itself takes about ``step_s`` here."""
-    n = 64
+    """A square matrix whose product with itself takes about ``step_s`` here (the fastest
+    of a few tries: the box is shared, and a slow try would make the step too small)."""
+    n = 128
     while True:
         a = torch.rand(n, n)
-        t0 = time.perf_counter()
-        for _ in range(5):
-            a @ a
-        took = (time.perf_counter() - t0) / 5
-        if took >= step_s or n >= 4096:
-            scale = (step_s / took) ** (1 / 3)
-            return torch.rand(max(8, int(n * scale)), max(8, int(n * scale)))
+        a @ a  # warm up
+        took = min(_matmul_s(a) for _ in range(5))
+        if took >= step_s / 4 or n >= 4096:
+            side = max(8, int(n * (step_s / took) ** (1 / 3)))
+            return torch.rand(side, side)
         n *= 2
+
+
+def _matmul_s(a: torch.Tensor) -> float:
+    t0 = time.perf_counter()
+    a @ a
+    return time.perf_counter() - t0
 
 
 def start_agent(sock: Path, logdir: Path, mode: str) -> subprocess.Popen[str]:
@@ -117,6 +123,7 @@ def loop(work: torch.Tensor, first: int, steps: int) -> float:
 
 
 def measure(steps: int, runs: int, step_ms: float) -> dict[str, Any]:
+    torch.set_num_threads(1)  # one core for the step, one for the agent: a fair 2-core split
     tmp = Path(tempfile.mkdtemp(prefix="tpstep-", dir="/tmp"))  # AF_UNIX paths are short
     saved = {k: os.environ.get(k) for k in (beacon.SOCKET_ENV, beacon.ATTEMPT_ENV, "RANK")}
     agents = {m: start_agent(tmp / f"{m}.sock", tmp / "tb" / m, m) for m in ("on", "off")}

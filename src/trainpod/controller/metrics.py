@@ -9,9 +9,9 @@ changes), and live jobs' goodput, of which one scrape recomputes at most
 LIVE_GOODPUT_PER_SCRAPE (new jobs first, then the longest unrefreshed): a bounded cost per
 scrape whatever the number of running jobs. Scrapes run one at a time (their own lock).
 
-The first scrapes of a controller with a long history are bounded too: each folds at most
-EVENTS_PER_SCRAPE events of the log into the counters and spends about CATCH_UP_S on ended
-jobs' goodput; until the history is worked off, the families it would leave short are left
+The first scrapes of a controller with a long history are bounded too: each
+spends about CATCH_UP_S folding the event log into the counters and computing ended jobs'
+goodput; until the history is worked off, the families it would leave short are left
 out. Goodput is computed from :func:`~trainpod.store.scan.job_facts` and the kinds of event
 it reads: no job spec is decoded here (the labels come from the raw spec, once per job).
 """
@@ -54,18 +54,20 @@ TIERS = ("memory", "scratch", "peer", "durable")  # trainpod.ckpt's tiers
 LIVE_GOODPUT_PER_SCRAPE = 100
 """Live jobs whose goodput one scrape recomputes (each is a read of its events and a walk
 of them): at 1,000 live jobs a job's figure is at most ten scrapes old."""
-EVENTS_PER_SCRAPE = 10_000
-"""Events of the log one scrape folds into the counters: a restarted controller with a long
-log folds it over its first scrapes (about 0.1 s each on a 2-core box), and serves the
-event-counted families (attempts, faults, durations, checkpoints) once it has all of it,
-never a partial count that would read as a burst."""
-ENDED_CHUNK = 100
+EVENTS_CHUNK = 2_000
+"""Events of the log folded into the counters in one read of the store."""
+BURST = 50_000
+"""Once caught up, the most events one scrape folds (a burst beyond it is counted a scrape
+late, never hidden)."""
+ENDED_CHUNK = 25
 """Ended jobs whose goodput is computed (once, then kept) in one read of the store."""
-CATCH_UP_S = 0.2
-"""A scrape computes ended jobs' goodput a chunk at a time until it has spent this long (at
-least one chunk): a restarted controller's history (some 0.5 ms a job on a 2-core box) is
-worked off over its first scrapes. Until every ended job's is in, the team and cluster
-goodput families are left out rather than shown short."""
+CATCH_UP_S = 0.15
+"""What a scrape spends on the history it found at the start, at least a chunk of each: it
+folds the event log into the counters, then computes ended jobs' goodput (some 0.5 ms a job
+on a 2-core box), a chunk at a time until this long has passed. A restarted controller's
+history is worked off over its first scrapes; until then the families it would show short
+are left out (the counters until the log is folded, team and cluster goodput until every
+ended job's is in), never served wrong."""
 _WAITING = (JobState.QUEUED, JobState.PREEMPTED)
 _LIVE = [s for s in JobState if not s.ended]
 
@@ -91,17 +93,16 @@ class ClusterMetrics(Collector):
         planner: Planner,
         now: Callable[[], float],
         *,
-        events_per_scrape: int = EVENTS_PER_SCRAPE,
+        events_chunk: int = EVENTS_CHUNK,
         ended_chunk: int = ENDED_CHUNK,
         catch_up_s: float = CATCH_UP_S,
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if events_per_scrape < 1 or ended_chunk < 1:
+        if events_chunk < 1 or ended_chunk < 1:
             raise ValueError(
-                f"events_per_scrape ({events_per_scrape}) and ended_chunk ({ended_chunk}) "
-                "must be at least 1"
+                f"events_chunk ({events_chunk}) and ended_chunk ({ended_chunk}) must be at least 1"
             )
-        self.events_per_scrape = events_per_scrape
+        self.events_chunk = events_chunk
         self.ended_chunk = ended_chunk
         self.catch_up_s = catch_up_s
         self._timer = timer
@@ -148,7 +149,6 @@ class ClusterMetrics(Collector):
             heads = self.store.job_heads()
             self._learn(job_labels(self.store, [j for j, *_ in heads if j not in self._meta]))
             waiting = self.store.jobs(list(_WAITING))
-            new_events = events_since(self.store, self.tally.last_id, KINDS, self.events_per_scrape)
             energy = Energy(self.store).per_job()
             for job_id, (joules, sim) in self.telemetry.unflushed_by_job().items():
                 old = energy.get(job_id, EnergyTotal(0.0, False))
@@ -156,7 +156,8 @@ class ClusterMetrics(Collector):
             devices = self.telemetry.latest()
             passes = self.planner.passes
             attempts = {a.job_id: a.id for a in self.store.active_attempts()}
-        self.tally.fold([recorded(r) for r in new_events], self.meta)
+        catch_up = self._timer()
+        folding = self._fold(catch_up)
         live_ids = [j for j, state, _, _ in heads if not state.ended]
         refresh = self._due(live_ids)
         ended = [
@@ -170,7 +171,8 @@ class ClusterMetrics(Collector):
         for job_id in refresh:
             if (d := recent.pop(job_id, None)) is not None:
                 self._running[job_id] = (now, d)
-        backlog = self._count_ended([j for j, at in ended if now - at > FROZEN_AFTER_S], now)
+        frozen = [j for j, at in ended if now - at > FROZEN_AFTER_S]
+        backlog = self._count_ended(frozen, now, catch_up)
         live = [self._live(j, energy, attempts) for j in live_ids if j in self._running]
         teams = {team: sums.copy() for team, sums in self._ended_teams.items()}
         total = self._ended_total.copy()
@@ -196,7 +198,7 @@ class ClusterMetrics(Collector):
             team_energy=team_energy,
             cluster_energy=cluster_energy,
             idle_energy=idle_energy,
-            tally_behind=self._folding(len(new_events) == self.events_per_scrape),
+            tally_behind=folding,
             goodput_behind=backlog,
         )
 
@@ -208,19 +210,29 @@ class ClusterMetrics(Collector):
             facts = job_facts(self.store, job_ids)
         return {job.id: _done(compute_goodput(job, events[job.id], now)) for job in facts}
 
-    def _folding(self, more: bool) -> bool:
-        """Whether the counters are still folding the log they found (then left out). Once
-        they have caught up, a burst of more than ``events_per_scrape`` events between two
-        scrapes is only counted a scrape late (counters lag, never go back), not hidden."""
-        self._folded = self._folded or not more
-        return not self._folded
+    def _fold(self, start: float) -> bool:
+        """Fold the events appended since the last scrape into the counters; returns whether
+        they are still folding the log they found at the start (then they are left out):
+        ``events_chunk`` at a time, at least one chunk, until ``catch_up_s`` since
+        ``start``. Once caught up, up to BURST a scrape (more is counted a scrape late)."""
+        while True:
+            limit = self.events_chunk if not self._folded else BURST
+            with self._lock:
+                rows = events_since(self.store, self.tally.last_id, KINDS, limit)
+            self.tally.fold([recorded(r) for r in rows], self.meta)
+            if len(rows) < limit:
+                self._folded = True
+                return False
+            if self._folded or self._timer() - start >= self.catch_up_s:
+                return not self._folded
 
-    def _count_ended(self, job_ids: list[int], now: float) -> int:
+    def _count_ended(self, job_ids: list[int], now: float, start: float) -> int:
         """Add ended jobs' goodput to the kept sums, ``ended_chunk`` at a time until
-        ``catch_up_s`` is spent (at least one chunk), or all of them once the history found
-        at the start is worked off (then they are the few that ended a minute ago, and a
-        job left for later would be missing from the sums); returns how many are left."""
-        start, done = self._timer(), 0
+        ``catch_up_s`` since ``start`` (at least one chunk), or all of them once the history
+        found at the start is worked off (then they are the few that ended a minute ago,
+        and a job left for later would be missing from the sums); returns how many are
+        left."""
+        done = 0
         budget = self.catch_up_s if not self._caught_up else float("inf")
         while done < len(job_ids) and (done == 0 or self._timer() - start < budget):
             chunk = job_ids[done : done + self.ended_chunk]
