@@ -17,6 +17,11 @@ separate process with a real :class:`~trainpod.agent.beacons.BeaconServer` on it
 * ``none``: no agent (``TRAINPOD_BEACON_SOCKET`` unset: ``report`` is a no-op), for scale:
   the whole beacon path against nothing.
 
+Besides the step times it reports the CPU the ``on`` agent spent beyond the ``off`` one per
+beacon (both agents' own ``process_time``: receiver and writer threads), as a share of the
+nominal step: on a shared, loaded box that figure holds where a 1% difference of step
+times drowns in the noise.
+
 The step's work is a CPU matmul (torch, one thread) STANDING IN for a GPU step: there is no
 GPU here, so the loop, the receiver and the writer compete for the same two cores (and
 whatever else the box runs), which makes the figure an upper bound of what a GPU node pays.
@@ -48,25 +53,30 @@ MODES = ("on", "off", "none")
 
 AGENT = """
 import sys
+import time
 from pathlib import Path
 from trainpod.agent.beacons import BeaconServer
 from trainpod.agent.tensorboard import TensorBoardTap
 from trainpod.api.models import LaunchOrder, RankSlot
-from trainpod.telemetry.tensorboard import ENV
+from trainpod.telemetry.tensorboard import ENV, StepScalars
 sock, logdir, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 tap = None
 if mode == "on":
+    warm = StepScalars(Path(logdir + "-warm"), attempt=1)  # import what writing needs now
+    warm.beacon(0, 0.0, {"loss": 1.0})
+    warm.close()
     tap = TensorBoardTap()
     order = LaunchOrder(attempt_id=1, job_id=1, attempt_number=1, argv=["train"], workdir="/",
                         env={ENV: logdir}, ranks=[RankSlot(rank=0, local_rank=0)], log_dir="/")
     assert tap.watch(order)
 srv = BeaconServer(sock, tap=None if tap is None else tap.offer)
+cpu0 = time.process_time()  # from here on: receiving (and writing)
 print("ready", flush=True)
 sys.stdin.read()  # until the benchmark closes our stdin
 srv.close()
 if tap is not None:
     tap.close()
-print(srv.received, 0 if tap is None else tap.dropped, flush=True)
+print(srv.received, 0 if tap is None else tap.dropped, time.process_time() - cpu0, flush=True)
 """
 
 
@@ -148,8 +158,12 @@ def measure(steps: int, runs: int, step_ms: float) -> dict[str, Any]:
         done = {}
         for mode, proc in agents.items():
             out, _ = proc.communicate("", timeout=60)
-            received, tap_dropped = out.split()
-            done[mode] = {"received": int(received), "tap_dropped": int(tap_dropped)}
+            received, tap_dropped, cpu = out.split()
+            done[mode] = {
+                "received": int(received),
+                "tap_dropped": int(tap_dropped),
+                "cpu_s": float(cpu),
+            }
         events = sorted((tmp / "tb" / "on").rglob("events.out.tfevents.*"))
         event_bytes = sum(p.stat().st_size for p in events)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -159,6 +173,7 @@ def measure(steps: int, runs: int, step_ms: float) -> dict[str, Any]:
     med = {m: statistics.median(v) for m, v in samples.items()}
     ratios = [on / off for on, off in zip(samples["on"], samples["off"], strict=True)]
     overhead = med["on"] / med["off"] - 1.0
+    extra_cpu = (done["on"]["cpu_s"] - done["off"]["cpu_s"]) / max(1, done["on"]["received"])
     return {
         "step_ms_target": step_ms,
         "matmul": list(work.shape),
@@ -172,6 +187,8 @@ def measure(steps: int, runs: int, step_ms: float) -> dict[str, Any]:
         "sent": sent,
         "dropped_by_sender": dropped,
         "agents": done,
+        "writer_cpu_s_per_step": round(extra_cpu, 7),
+        "writer_cpu_share_of_step": round(extra_cpu / (step_ms / 1000), 5),
         "tensorboard_event_bytes": event_bytes,
         "target": TARGET,
         "met": overhead <= TARGET,
@@ -206,7 +223,9 @@ def summary(r: dict[str, Any]) -> str:
         f"  metrics on vs off: {r['on_over_off'] * 100:+.2f}% (per run: median "
         f"{per['median'] * 100:+.2f}% [{per['min'] * 100:+.2f}%..{per['max'] * 100:+.2f}%]); "
         f"beacons vs none: {r['beacons_over_none'] * 100:+.2f}%; "
-        f"{r['agents']['on']['received']:,} beacons received by the on agent, "
+        f"{r['agents']['on']['received']:,} beacons received by the on agent, which spent "
+        f"{r['writer_cpu_s_per_step'] * 1e6:.0f} us of CPU more per step than the off one "
+        f"({r['writer_cpu_share_of_step'] * 100:.2f}% of a {r['step_ms_target']:g} ms step), "
         f"{r['tensorboard_event_bytes']:,} bytes of TensorBoard events; "
         f"load1 {load['median']} [{load['min']}-{load['max']}]; target <= {TARGET * 100:g}%: "
         f"{'met' if r['met'] else 'NOT met'}"
