@@ -281,3 +281,24 @@ def test_goodput_from_the_scrapes_reads_is_the_api_s(cluster: HealingCluster) ->
     for f in facts:
         api = compute_goodput(ctl.job_info(f.id), ctl.event_infos(job_id=f.id), now)
         assert compute_goodput(f, kinds[f.id], now) == api
+
+
+def test_a_job_submitted_after_the_scrape_read_the_jobs_counts_for_its_team(
+    cluster: HealingCluster,
+) -> None:
+    ctl = cluster.controller
+    metrics = ClusterMetrics(
+        ctl.store,
+        ctl.cfg,
+        ctl._lock,
+        ctl.views,
+        ctl.beacons,
+        ctl.telemetry,
+        ctl.planner,
+        ctl.clock.now,
+    )
+    job = cluster.submit(team="vision")
+    cluster.start(job)
+    metrics._fold(0.0)  # the log is folded after the heads are read: this job is new to it
+    assert metrics.tally.attempts["vision"] == 1
+    assert "unknown" not in metrics.tally.attempts

@@ -219,6 +219,8 @@ class ClusterMetrics(Collector):
             limit = self.events_chunk if not self._folded else BURST
             with self._lock:
                 rows = events_since(self.store, self.tally.last_id, KINDS, limit)
+                new = {r.job_id for r in rows if r.job_id is not None} - self._meta.keys()
+                self._learn(job_labels(self.store, sorted(new)))  # submitted since the heads
             self.tally.fold([recorded(r) for r in rows], self.meta)
             if len(rows) < limit:
                 self._folded = True
