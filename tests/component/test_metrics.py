@@ -6,6 +6,7 @@ sampler over its simulated reader)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -19,8 +20,12 @@ from trainpod.agent.devices import DeviceTelemetry, SimulatedReader
 from trainpod.api.app import create_app
 from trainpod.api.models import ClusterInfo
 from trainpod.controller.access import operator
+from trainpod.controller.metrics import ClusterMetrics
+from trainpod.store.scan import events_of_jobs, job_facts
 from trainpod.telemetry.exposition import render
-from trainpod.telemetry.metrics import families
+from trainpod.telemetry.goodput import KINDS as GOODPUT_KINDS
+from trainpod.telemetry.goodput import compute_goodput
+from trainpod.telemetry.metrics import Scrape, families
 
 from .healing import HealingCluster, Make
 
@@ -162,3 +167,138 @@ def test_who_may_scrape(cluster: HealingCluster, client: TestClient) -> None:
     assert r.status_code == 403 and "only /metrics" in r.json()["message"]
     agent = client.get("/metrics", headers={"Authorization": "Bearer agent-secret"})
     assert agent.status_code == 403
+
+
+def test_a_long_history_is_worked_off_over_the_first_scrapes(cluster: HealingCluster) -> None:
+    """A restarted controller's first scrapes fold the log and compute ended jobs' goodput a
+    bounded piece at a time; until done, the families that would read short are left out,
+    and once done every family is the one a collector without bounds serves."""
+    c = cluster
+    for team in ("vision", "speech", "vision"):
+        job = c.submit(auto_resume=True, team=team)
+        c.start(job)
+        c.tick(2.0)
+        c.crash(job, 1)
+        c.tick(1.0)
+        c.start(job)
+        c.tick(3.0)
+        c.finish(job)
+        c.tick(1.0)
+    c.tick(120.0)  # long enough ago for their goodput to be kept
+    ctl = c.controller
+
+    def collector(**bounds: Any) -> ClusterMetrics:
+        return ClusterMetrics(
+            ctl.store,
+            ctl.cfg,
+            ctl._lock,
+            ctl.views,
+            ctl.beacons,
+            ctl.telemetry,
+            ctl.planner,
+            ctl.clock.now,
+            **bounds,
+        )
+
+    def names(scrape: Scrape) -> set[str]:
+        return {m.name for m in families(scrape)}
+
+    whole = collector().scrape()
+    bounded = collector(events_chunk=4, ended_chunk=1, catch_up_s=0.0)  # a chunk a scrape
+    first = bounded.scrape()
+    assert first.tally_behind and first.goodput_behind == 2
+    assert "trainpod_faults" not in names(first) and "trainpod_faults" in names(whole)
+    assert "trainpod_team_goodput_ratio" not in names(first)
+    assert "trainpod_cluster_goodput_ratio" not in names(first)
+    assert "trainpod_device_power_watts" in names(first)  # the rest is served as ever
+    scrapes = [first]
+    while scrapes[-1].tally_behind or scrapes[-1].goodput_behind:
+        assert len(scrapes) < 100, "the backlog never shrinks"
+        scrapes.append(bounded.scrape())
+    assert scrapes[2].goodput_behind == 0  # one ended job a scrape
+    done = scrapes[-1]
+    assert names(done) == names(whole)
+    assert done.teams == whole.teams and done.cluster_sums == whole.cluster_sums
+    assert done.tally.faults == whole.tally.faults and done.tally.faults["crash"] == 3
+    assert done.tally.restarts == whole.tally.restarts
+    assert render(families(done)) == render(families(whole))
+
+    # Caught up: more than a chunk's worth later is neither hidden nor left short.
+    for team in ("vision", "speech"):
+        job = c.submit(auto_resume=True, team=team)
+        c.start(job)
+        c.tick(2.0)
+        c.crash(job, 1)
+        c.tick(1.0)
+        c.start(job)
+        c.finish(job)
+    c.tick(120.0)
+    after = bounded.scrape()
+    assert not after.tally_behind and after.goodput_behind == 0  # both ended jobs counted
+    assert "trainpod_faults" in names(after) and "trainpod_team_goodput_ratio" in names(after)
+    assert after.teams == collector().scrape().teams
+    assert after.tally.faults["crash"] == 5  # caught up: the rest folded at once
+
+
+def test_bounds_below_one_are_refused(cluster: HealingCluster) -> None:
+    ctl = cluster.controller
+    with pytest.raises(ValueError, match="must be at least 1"):
+        ClusterMetrics(
+            ctl.store,
+            ctl.cfg,
+            ctl._lock,
+            ctl.views,
+            ctl.beacons,
+            ctl.telemetry,
+            ctl.planner,
+            ctl.clock.now,
+            ended_chunk=0,
+        )
+
+
+def test_goodput_from_the_scrapes_reads_is_the_api_s(cluster: HealingCluster) -> None:
+    """/metrics computes goodput from job_facts and only the kinds of event goodput reads;
+    the API from the whole JobInfo and every event: the same report, a live job's too."""
+    c = cluster
+    done = c.submit(auto_resume=True, team="vision")
+    c.start(done)
+    c.tick(2.0)
+    c.crash(done, 1)
+    c.tick(1.0)
+    c.start(done)
+    c.tick(3.0)
+    c.finish(done)
+    c.tick(1.0)
+    live = c.submit(team="speech")
+    c.start(live)
+    c.tick(4.0)
+    ctl, now = c.controller, c.clock.now()
+    with ctl._lock:
+        facts = job_facts(ctl.store, [done, live, 999])
+        kinds = events_of_jobs(ctl.store, [done, live], GOODPUT_KINDS)
+    assert [f.id for f in facts] == [done, live]  # unknown ids left out
+    assert len(facts[0].attempts) == 2
+    for f in facts:
+        api = compute_goodput(ctl.job_info(f.id), ctl.event_infos(job_id=f.id), now)
+        assert compute_goodput(f, kinds[f.id], now) == api
+
+
+def test_a_job_submitted_after_the_scrape_read_the_jobs_counts_for_its_team(
+    cluster: HealingCluster,
+) -> None:
+    ctl = cluster.controller
+    metrics = ClusterMetrics(
+        ctl.store,
+        ctl.cfg,
+        ctl._lock,
+        ctl.views,
+        ctl.beacons,
+        ctl.telemetry,
+        ctl.planner,
+        ctl.clock.now,
+    )
+    job = cluster.submit(team="vision")
+    cluster.start(job)
+    metrics._fold(0.0)  # the log is folded after the heads are read: this job is new to it
+    assert metrics.tally.attempts["vision"] == 1
+    assert "unknown" not in metrics.tally.attempts

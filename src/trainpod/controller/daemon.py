@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     goodput = GoodputFollower(
         shared_dir=config.shared_dir,
         active_jobs=lambda: controller.job_infos(include_ended=False),
-        job=controller.job_info,
+        jobs=controller.views.of_jobs,
+        changes=controller.views.changes,
         events=lambda job_id: controller.event_infos(job_id=job_id),
     )
     threading.Thread(target=goodput.run, args=(stop,), name="tensorboard", daemon=True).start()

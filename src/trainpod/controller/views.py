@@ -4,6 +4,10 @@ Rows are read under the controller's lock in a few bulk queries (never one per j
 attempt); the models are built after the lock is released, so a dashboard listing ten
 thousand jobs does not hold up heartbeats while pydantic runs.
 
+A job's spec never changes after submission: :class:`Specs` decodes each once and every
+view of the job shares it (the list views, the job page, ``/metrics``' goodput and the
+TensorBoard follower all build their ``JobInfo`` here).
+
 A job's ``env`` values are its owner's and admins' (:func:`~trainpod.controller.access.sees_env`):
 a view taken for anyone else (``viewer``) has every value replaced by
 :data:`~trainpod.controller.access.HIDDEN`, the keys kept.
@@ -30,6 +34,7 @@ from trainpod.scheduler.base import Hold
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow, JobRow, NodeRow, RankRow
+from trainpod.store.scan import jobs_changed
 
 FROZEN_AFTER_S = 60.0
 """An ended job's row no longer changes (late reports from its agents arrive within seconds)."""
@@ -58,6 +63,7 @@ class Views:
         self._now = now
         self._frozen: dict[int, _Json] = {}
         """Ended jobs' JSON by id, with the ``updated_at`` it was made from."""
+        self.specs = Specs()
 
     def nodes(self) -> list[NodeInfo]:
         with self._lock:
@@ -68,7 +74,7 @@ class Views:
         """One job as ``viewer`` may see it (None: everything, for the controller's use)."""
         with self._lock:
             rows = self._read([self.tx.job(job_id)])
-        info = _build(rows)[0]
+        info = self._build(rows)[0]
         return info if sees_env(viewer, info.spec.user) else hide_env(info)
 
     def jobs_json(
@@ -91,7 +97,7 @@ class Views:
                 if (old := self._frozen.get(job_id)) is None or old.updated_at != updated_at
             ]
             rows = self._read(self.store.jobs_by_id(stale))
-        fresh = {info.id: _Json.of(info, updated_at=0.0) for info in _build(rows)}
+        fresh = {info.id: _Json.of(info, updated_at=0.0) for info in self._build(rows)}
         for job_id, state, updated_at, ended_at in heads:
             old_enough = ended_at is None or now - ended_at > FROZEN_AFTER_S
             if job_id in fresh and state.ended and old_enough:
@@ -106,20 +112,30 @@ class Views:
         """The jobs with these ids (unknown ids are left out), in id order."""
         with self._lock:
             rows = self._read(self.store.jobs_by_id(job_ids))
-        return _build(rows)
+        return self._build(rows)
+
+    def changes(self, after: int | None) -> tuple[int, set[int]]:
+        """The newest event id and the jobs with an event after ``after`` (None: only the
+        id): a follower's cheap "what changed since my last look" (every change appends an
+        event)."""
+        with self._lock:
+            return jobs_changed(self.store, after)
 
     def jobs(self, include_ended: bool = True, limit: int | None = None) -> list[JobInfo]:
         states = None if include_ended else [s for s in JobState if not s.ended]
         with self._lock:
             rows = self._read(self.store.jobs(states, limit=limit))
-        return _build(rows)
+        return self._build(rows)
 
     def ended(self, before: int | None, count: int) -> list[JobInfo]:
         """A page of the history: up to ``count`` ended jobs with an id below ``before``
         (None: the newest), newest first."""
         with self._lock:
             rows = self._read(self.store.jobs_before(_ENDED, before, count))
-        return _build(rows)
+        return self._build(rows)
+
+    def _build(self, rows: _Rows) -> list[JobInfo]:
+        return _build(rows, self.specs)
 
     def _read(self, jobs: list[JobRow]) -> _Rows:
         """Everything the jobs' models need, in three queries (under the lock)."""
@@ -191,15 +207,48 @@ class _Rows:
     live: dict[int, dict[str, Any] | None]
 
 
-def _build(rows: _Rows) -> list[JobInfo]:
+class Specs:
+    """Each job's decoded :class:`JobSpec`, by id: decoded once (a spec never changes after
+    submission), the newest ``limit`` kept (views list recent jobs). Safe to share between
+    threads (views build models outside the controller's lock)."""
+
+    def __init__(self, limit: int = FROZEN_MAX) -> None:
+        self.limit = limit
+        self._specs: dict[int, JobSpec] = {}
+        self._lock = threading.Lock()
+        self.decoded = 0
+        """Specs decoded so far (a view that hit the cache decodes none)."""
+
+    def of(self, job: JobRow) -> JobSpec:
+        spec = self._specs.get(job.id)
+        if spec is None:
+            spec = JobSpec.model_validate(job.spec)
+            with self._lock:
+                self._specs[job.id] = spec
+                self.decoded += 1
+                if len(self._specs) > self.limit:
+                    for old in sorted(self._specs)[: len(self._specs) - self.limit]:
+                        del self._specs[old]
+        return spec
+
+
+def _build(rows: _Rows, specs: Specs) -> list[JobInfo]:
     return [
-        _job_info(j, rows.attempts[j.id], rows.ranks, rows.holds.get(j.id), rows.live.get(j.id))
+        _job_info(
+            j,
+            specs.of(j),
+            rows.attempts[j.id],
+            rows.ranks,
+            rows.holds.get(j.id),
+            rows.live.get(j.id),
+        )
         for j in rows.jobs
     ]
 
 
 def _job_info(
     job: JobRow,
+    spec: JobSpec,
     attempts: list[AttemptRow],
     ranks: dict[int, list[RankRow]],
     hold: Hold | None,
@@ -219,7 +268,7 @@ def _job_info(
         name=job.name,
         state=job.state,
         reason=reason,
-        spec=JobSpec.model_validate(job.spec),
+        spec=spec,
         submitted_at=job.submitted_at,
         started_at=job.started_at,
         ended_at=job.ended_at,

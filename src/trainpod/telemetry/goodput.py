@@ -11,9 +11,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
-from trainpod.api.models import EventInfo, JobInfo
 from trainpod.model.events import (
     AttemptCreated,
     AttemptProgress,
@@ -25,6 +24,7 @@ from trainpod.model.events import (
     JobPreempted,
     RankStarted,
     RecoveryDecision,
+    StoredEventLike,
     parse,
 )
 from trainpod.model.states import AttemptState, JobState
@@ -46,6 +46,65 @@ BUCKETS = (  # in display order
     "shutdown",
     "unaccounted",
 )
+KINDS = tuple(
+    e.kind
+    for e in (
+        AttemptCreated,
+        RankStarted,
+        FirstBeacon,
+        FaultDetected,
+        FaultClassified,
+        AttemptStateChanged,
+        AttemptProgress,
+        JobPreempted,
+        RecoveryDecision,
+    )
+)
+"""The kinds of event goodput reads: of a job that has an end time, its events of other kinds
+change nothing (a reader may fetch only these; ``/metrics`` does)."""
+
+
+class RankFacts(Protocol):
+    @property
+    def started_at(self) -> float | None: ...
+
+
+class AttemptFacts(Protocol):
+    """What goodput reads of an attempt's record (an ``AttemptInfo`` has it)."""
+
+    @property
+    def number(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def nodes(self) -> Sequence[str]: ...
+    @property
+    def created_at(self) -> float: ...
+    @property
+    def started_at(self) -> float | None: ...
+    @property
+    def ended_at(self) -> float | None: ...
+    @property
+    def cause(self) -> str: ...
+    @property
+    def ranks(self) -> Sequence[RankFacts]: ...
+
+
+class JobFacts(Protocol):
+    """What goodput reads of a job's record (a ``JobInfo`` has it)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def submitted_at(self) -> float: ...
+    @property
+    def ended_at(self) -> float | None: ...
+    @property
+    def attempts(self) -> Sequence[AttemptFacts]: ...
+
+
 _ATTEMPT_ENDED = frozenset(s.value for s in AttemptState if s.ended)
 _JOB_ENDED = frozenset(s.value for s in JobState if s.ended)
 _RETRY = {"restart", "wait"}
@@ -146,7 +205,9 @@ class _Sweep:
         self.b[bucket] += self.span(f"{label}{bucket}", a, b)
 
 
-def _collect(job: JobInfo, evs: list[EventInfo], notes: list[str]) -> tuple[list[_A], list[_F]]:
+def _collect(
+    job: JobFacts, evs: list[StoredEventLike], notes: list[str]
+) -> tuple[list[_A], list[_F]]:
     atts: dict[int, AttemptTimeline] = {}
     faults: list[FaultRecord] = []
     replaced: dict[int, list[str]] = {}
@@ -316,7 +377,7 @@ def _attempt(sw: _Sweep, a: _A, earlier: list[_A], final: bool, ended: bool) -> 
         sw.add("shutdown", last if clean else end, sw.end, label)
 
 
-def compute_goodput(job: JobInfo, events: Sequence[EventInfo], now: float) -> GoodputReport:
+def compute_goodput(job: JobFacts, events: Sequence[StoredEventLike], now: float) -> GoodputReport:
     """Split ``job``'s wall clock (submit → end, or ``now`` while it runs) into BUCKETS."""
     notes: list[str] = []
     mine = sorted((e for e in events if e.job_id == job.id), key=lambda e: (e.ts, e.id))

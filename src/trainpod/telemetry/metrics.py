@@ -22,6 +22,7 @@ from prometheus_client.core import (
 
 from trainpod.api.devices import DeviceSample
 from trainpod.model.states import JobState, NodeState
+from trainpod.telemetry.exposition import Rows
 from trainpod.telemetry.tally import EventTally, Histogram
 
 Family = Metric
@@ -90,6 +91,11 @@ class Scrape:
     team_energy: dict[str, EnergySum]
     cluster_energy: EnergySum
     idle_energy: EnergySum
+    tally_behind: bool = False
+    """The counters have not folded the whole event log yet: their families are left out."""
+    goodput_behind: int = 0
+    """Ended jobs whose goodput is not in ``teams``/``cluster_sums`` yet: while any is, the
+    team and cluster goodput families are left out (a share of the jobs would read short)."""
 
 
 def _g(name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
@@ -112,7 +118,7 @@ def families(s: Scrape) -> list[Family]:
     return [
         *_cluster(s),
         *_jobs(s),
-        *_events(s),
+        *([] if s.tally_behind else _events(s)),
         *_goodput(s),
         *_progress(s),
         *_devices(s),
@@ -134,9 +140,14 @@ def _cluster(s: Scrape) -> list[Family]:
         counts[(st.value, g)] += 1
     for (st_, g), n in sorted(counts.items()):
         by_state.add_metric([c, st_, g], float(n))
-    node = _g("trainpod_node_state", "1 for each node's current state.", ["node", "group", "state"])
+    node = Rows(
+        "trainpod_node_state",
+        "1 for each node's current state.",
+        "gauge",
+        ["cluster", "node", "group", "state"],
+    )
     for name, g, st in s.nodes:
-        node.add_metric([c, name, g, st.value], 1.0)
+        node.add((c, name, g, st.value), 1.0)
     passes = _h("trainpod_scheduler_pass_seconds", "Time of one scheduler pass (plan + apply).")
     passes.add_metric([c], s.passes.cumulative(), s.passes.total)
     return [info, by_state, node, passes]
@@ -240,6 +251,8 @@ def _goodput(s: Scrape) -> list[Family]:
         job_wall.add_metric(labels, j.wall_s)
         for cause, sec in sorted(j.lost_s.items()):
             job_lost.add_metric([*labels, cause], sec)
+    if s.goodput_behind:
+        return [job_ratio, job_wall, job_lost]
     team_ratio = _g(
         "trainpod_team_goodput_ratio", "A team's productive share, every job.", ["team"]
     )
@@ -290,38 +303,49 @@ def _progress(s: Scrape) -> list[Family]:
 
 
 def _devices(s: Scrape) -> list[Family]:
-    c = s.cluster
-    labels = ["node", "device", "simulated"]
-    util = _g("trainpod_device_utilization_ratio", "Share of time a kernel ran (NVML).", labels)
-    used = _g("trainpod_device_memory_used_bytes", "Device memory in use.", labels)
-    total = _g("trainpod_device_memory_total_bytes", "Device memory in all.", labels)
-    power = _g("trainpod_device_power_watts", "Power draw.", labels)
-    temp = _g("trainpod_device_temperature_celsius", "Temperature.", labels)
-    energy = _c(
-        "trainpod_device_energy_joules_total",
+    """Seven samples per device: :class:`Rows`, each device's label text written once."""
+    labels = ["cluster", "node", "device", "simulated"]
+    util = Rows(
+        "trainpod_device_utilization_ratio", "Share of time a kernel ran (NVML).", "gauge", labels
+    )
+    used = Rows("trainpod_device_memory_used_bytes", "Device memory in use.", "gauge", labels)
+    total = Rows("trainpod_device_memory_total_bytes", "Device memory in all.", "gauge", labels)
+    power = Rows("trainpod_device_power_watts", "Power draw.", "gauge", labels)
+    temp = Rows("trainpod_device_temperature_celsius", "Temperature.", "gauge", labels)
+    energy = Rows(
+        "trainpod_device_energy_joules",
         "Energy since the agent's source began counting.",
+        "counter",
         labels,
     )
-    xids = _c("trainpod_device_xid_errors_total", "XID errors since the agent started.", labels)
-    throttle = _g(
-        "trainpod_device_throttled", "1 for each active throttle reason.", [*labels, "reason"]
+    xids = Rows(
+        "trainpod_device_xid_errors", "XID errors since the agent started.", "counter", labels
     )
+    throttle = Rows(
+        "trainpod_device_throttled",
+        "1 for each active throttle reason.",
+        "gauge",
+        [*labels, "reason"],
+    )
+    c = s.cluster
     for node, samples in sorted(s.devices.items()):
         for d in samples:
-            lv = [c, node, str(d.index), _sim(d.simulated)]
-            for fam, value in (
-                (util, None if d.utilization_pct is None else d.utilization_pct / 100.0),
-                (used, d.memory_used_bytes),
-                (total, d.memory_total_bytes),
-                (power, d.power_w),
-                (temp, d.temperature_c),
-                (energy, d.energy_j),
-            ):
-                if value is not None:
-                    fam.add_metric(lv, float(value))
-            xids.add_metric(lv, float(d.xid_count))
+            lv = (c, node, str(d.index), _sim(d.simulated))
+            if d.utilization_pct is not None:
+                util.add(lv, d.utilization_pct / 100.0)
+            if d.memory_used_bytes is not None:
+                used.add(lv, float(d.memory_used_bytes))
+            if d.memory_total_bytes is not None:
+                total.add(lv, float(d.memory_total_bytes))
+            if d.power_w is not None:
+                power.add(lv, float(d.power_w))
+            if d.temperature_c is not None:
+                temp.add(lv, float(d.temperature_c))
+            if d.energy_j is not None:
+                energy.add(lv, float(d.energy_j))
+            xids.add(lv, float(d.xid_count))
             for reason in d.throttle_reasons:
-                throttle.add_metric([*lv, reason], 1.0)
+                throttle.add((*lv, reason), 1.0)
     return [util, used, total, power, temp, energy, xids, throttle]
 
 
