@@ -16,7 +16,7 @@ running with progress beacons (loss, tokens).
 
 It then times the scrape as ``GET /metrics`` serves it (the controller's collector and the
 text exposition, ``trainpod.telemetry.exposition.render``) in ``--runs`` runs (default 5),
-one after another on the same history. Each run starts a cold collector with cold views
+one after another on the same history. Each run starts a cold collector
 (what a restarted controller has: nothing kept, nothing folded, no spec decoded) and times
 its first scrapes, which work the history off a bounded piece at a time (the event log
 folded into the counters, every ended job's goodput computed once), until it has caught up;
@@ -53,7 +53,6 @@ import metrics_step
 from trainpod.agent.devices import DeviceTelemetry, SimulatedReader
 from trainpod.controller.core import Controller
 from trainpod.controller.metrics import ClusterMetrics
-from trainpod.controller.views import Views
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.telemetry.exposition import render
@@ -126,14 +125,11 @@ def scrape(registry: CollectorRegistry) -> tuple[float, float, bytes]:
 
 
 def cold_collector(controller: Controller) -> tuple[ClusterMetrics, CollectorRegistry]:
-    """A collector and views as a restarted controller has them on this store: nothing
-    kept, nothing folded, no spec decoded."""
+    """A collector as a restarted controller has it on this store: nothing kept, nothing
+    folded, no spec decoded."""
     c = controller
-    views = Views(
-        c.store, c.tx, c._lock, c.beacons, c.checkpoints, lambda: c.executor.holds, c.clock.now
-    )
     metrics = ClusterMetrics(
-        c.store, c.cfg, c._lock, views, c.beacons, c.telemetry, c.planner, c.clock.now
+        c.store, c.cfg, c._lock, c.beacons, c.telemetry, c.planner, c.clock.now
     )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics)

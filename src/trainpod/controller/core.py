@@ -106,18 +106,14 @@ class Controller:
         )
         self.watchdog = Watchdog(store, cfg, tx, sched, executor, beacons)
         self.orders = orders = OrderDesk(store, cfg, tx, sched, chaos, intake.running, clock)
-        self.views = views = Views(
-            store, tx, lock, beacons, ckpts, lambda: executor.holds, clock.now
-        )
+        self.views = Views(store, tx, lock, beacons, ckpts, lambda: executor.holds, clock.now)
         self.admission = Admission(cfg, tx, sched)
         self.access = Access(store, clock, lock)
         self.planner = planner = Planner(store, cfg, tx, sched, executor)
         self.passes = SchedulingPass(store, planner, executor, orders, ckpts, beacons, telemetry)
         self.beats = Beats(lock, store, clock, self.wake, tx, intake, orders, self.passes)
         self.energy = EnergyViews(store, cfg, tx, lock, telemetry)
-        self.metrics = ClusterMetrics(
-            store, cfg, lock, views, beacons, telemetry, planner, clock.now
-        )
+        self.metrics = ClusterMetrics(store, cfg, lock, beacons, telemetry, planner, clock.now)
         self.operators = Operators(store, tx, sched, executor, repair)
         self.allocations = Allocations(store, cfg, tx, ports, leases=sched.leases_allocations)
         self.jobs = jobs = JobCommands(store, cfg, tx, sched, executor, self.allocations)

@@ -32,7 +32,7 @@ from trainpod.controller.config import ControllerConfig
 from trainpod.controller.planning import Planner
 from trainpod.controller.policy import FaultKind
 from trainpod.controller.telemetry import TelemetryBook
-from trainpod.controller.views import FROZEN_AFTER_S, Views
+from trainpod.controller.views import FROZEN_AFTER_S
 from trainpod.model.events import recorded
 from trainpod.model.states import JobState
 from trainpod.store.energy import IDLE_JOB, Energy, EnergyTotal
@@ -87,7 +87,6 @@ class ClusterMetrics(Collector):
         store: Store,
         cfg: ControllerConfig,
         lock: threading.RLock,
-        views: Views,
         beacons: BeaconBook,
         telemetry: TelemetryBook,
         planner: Planner,
@@ -109,7 +108,6 @@ class ClusterMetrics(Collector):
         self.store = store
         self.cfg = cfg
         self._lock = lock
-        self.views = views
         self.beacons = beacons
         self.telemetry = telemetry
         self.planner = planner
