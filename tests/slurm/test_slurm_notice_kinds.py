@@ -77,11 +77,6 @@ def without_user_signal(slurm: SlurmCI) -> Iterator[None]:
         apply(text, "SlurmctldParameters=preempt_send_user_signal")
 
 
-@pytest.mark.skip(
-    reason="known race, being fixed: asked at once after Slurm's SIGTERM, scontrol can still "
-    "show PreemptTime=None, so the agent takes the preemption for the job's end (failed 1 run "
-    "of 2 from a fresh clone on 2026-12-01); the agent must ask again before it decides"
-)
 @pytest.mark.timeout(420)
 def test_without_the_user_signal_slurms_sigterm_is_the_notice(
     slurm: SlurmCI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

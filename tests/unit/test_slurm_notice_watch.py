@@ -213,11 +213,49 @@ def test_a_sigterm_that_is_not_a_preemption_stops_the_agent(tmp_path: Path) -> N
             teardown_grace_s=1.0,
             on_notice=lambda: None,
             ask=lambda said=said: parse_job(said),  # type: ignore[misc]
+            confirm_s=0.0 if said != ENDING else 3600.0,  # "ending" is believed at once
         )
         watch.sigterm(stopped.set)
         assert stopped.wait(30), said
         watch.settle()
         assert watch.preempted_at is None
+
+
+def test_a_sigterm_whose_preemption_slurms_record_shows_late_is_still_the_notice(
+    tmp_path: Path,
+) -> None:
+    """Right after Slurm's preemption SIGTERM, ``scontrol`` can still show the job running
+    with no PreemptTime (seen on a loaded box): the check asks again before it decides."""
+    launcher = Launcher(node_env={"TRAINPOD_NODE": "n1"}, on_change=lambda: None)
+    unlimited = PREEMPTING.replace("TimeLimit=00:02:00", "TimeLimit=UNLIMITED")
+    not_yet = unlimited.replace("PreemptTime=2026-12-01T18:08:26", "PreemptTime=None")
+    answers = [not_yet, not_yet, unlimited]
+    asked: list[int] = []
+
+    def ask() -> dict[str, str]:
+        asked.append(1)
+        return parse_job(answers[min(len(asked), len(answers)) - 1])
+
+    stops: list[int] = []
+    watch = SlurmNoticeWatch(
+        None,
+        Notice(signal.SIGUSR1, 30.0, "preempted by Slurm"),
+        launcher,
+        teardown_grace_s=1.0,
+        on_notice=lambda: None,
+        ask=ask,
+        confirm_s=3600.0,
+    )
+    assert classify(parse_job(not_yet)) is Kind.UNKNOWN  # what a single look would decide
+    try:
+        _two_ranks(tmp_path, launcher)
+        watch.sigterm(lambda: stops.append(1))
+        watch.settle(timeout_s=60)
+        assert len(asked) == 3
+        assert watch.preempted_at is not None and not stops
+        wait_until(lambda: not _running(launcher), timeout_s=60, what="the ranks to exit")
+    finally:
+        launcher.kill_everything()
 
 
 def test_reports_wait_for_the_agents_sigterm_when_a_rank_died_of_slurms_first(

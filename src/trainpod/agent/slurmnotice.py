@@ -23,9 +23,12 @@ SIGTERM again, then SIGKILL, when GraceTime is over. The agent's first SIGTERM i
 allocation is therefore checked the same way (:meth:`SlurmNoticeWatch.sigterm`): a
 preemption is taken as the notice and the agent stays for the grace (leaving early would end
 the allocation without its requeue); anything else (``scancel``, the time limit's end) stops
-the agent as before. While that check runs, the agent holds its reports
-(:meth:`SlurmNoticeWatch.settle`) so that the ranks' exits, which the same SIGTERM causes,
-reach the controller with the preemption, never before it.
+the agent as before. Slurm's record can lag its SIGTERM (the job still ``RUNNING`` with
+``PreemptTime=None`` for a moment, seen on a loaded box), so only "ending" is believed at
+once: a record that says neither is asked again for :data:`CONFIRM_S` first.
+While that check runs, the agent holds its reports (:meth:`SlurmNoticeWatch.settle`) so that
+the ranks' exits, which the same SIGTERM causes, reach the controller with the preemption,
+never before it.
 
 On a preemption every attempt running here gets trainpod's own notice, the same path as a
 preempted attempt's kill order (the rank notice file, the notice signal to each rank's group,
@@ -58,6 +61,11 @@ TERM_WAIT_S = 2.0
 """How long reports wait for the agent's own SIGTERM once a rank died of one it did not send."""
 PULLED_IN_SLACK_S = 5.0
 """An ``EndTime`` this much before ``StartTime + TimeLimit`` was moved by a preemption."""
+CONFIRM_S = 6.0
+"""How long a SIGTERM's check keeps asking Slurm while its record says neither "preempted"
+nor "ending": right after Slurm's preemption SIGTERM, ``scontrol`` was seen to show
+``PreemptTime=None`` still (1 fresh-clone run of 2 on a loaded box)."""
+REASK_S = 0.5
 
 _FIELD = re.compile(r"(?:^|\s)(JobState|StartTime|EndTime|TimeLimit|PreemptTime)=(\S*)")
 _LIMIT = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
@@ -142,6 +150,7 @@ class SlurmNoticeWatch:
         on_notice: Callable[[], None],
         ask: Callable[[], Mapping[str, str]] = dict,
         term_wait_s: float = TERM_WAIT_S,
+        confirm_s: float = CONFIRM_S,
     ) -> None:
         """``path``: the batch trap's notice file (None: the script asked no ``--signal``).
         ``ask``: Slurm's record of the job (:func:`ask_slurm`); the default knows nothing,
@@ -157,6 +166,7 @@ class SlurmNoticeWatch:
         self._settled.set()
         self._term_seen = threading.Event()  # the agent's SIGTERM has come (sigterm())
         self._term_wait_s = term_wait_s
+        self._confirm_s = confirm_s
         self._waited: set[tuple[int, int]] = set()  # ranks whose SIGTERM was waited for
         self._seen: float | None = None  # the notice file's newest time, handled
         self.preempted_at: float | None = None
@@ -204,7 +214,7 @@ class SlurmNoticeWatch:
 
     def _sigterm(self, stop: Callable[[], None]) -> None:
         try:
-            kind = classify(self._ask())
+            kind = self._sigterm_kind()
             if kind is not Kind.PREEMPTION:
                 log.info("SIGTERM: %s; stopping", kind.value)
                 stop()
@@ -224,7 +234,19 @@ class SlurmNoticeWatch:
         finally:
             self._settled.set()
 
-    def settle(self, timeout_s: float = ASK_TIMEOUT_S) -> None:
+    def _sigterm_kind(self) -> Kind:
+        """What Slurm says a SIGTERM is. "Ending" (cancelled, out of time) and "preempted" are
+        taken at once; anything else is asked again for ``confirm_s``, since Slurm's record
+        of a preemption can lag its SIGTERM, before the SIGTERM is taken for a plain stop."""
+        deadline = time.monotonic() + self._confirm_s
+        while True:
+            kind = classify(self._ask())
+            if kind in (Kind.PREEMPTION, Kind.ENDING) or time.monotonic() >= deadline:
+                return kind
+            log.info("SIGTERM: Slurm's record says %s so far; asking again", kind.value)
+            time.sleep(REASK_S)
+
+    def settle(self, timeout_s: float = ASK_TIMEOUT_S + CONFIRM_S) -> None:
         """Wait (at most ``timeout_s``) while a SIGTERM is being checked. Slurm's SIGTERM
         reaches the ranks as it reaches the agent, and a rank's exit may be seen before the
         agent's own handler has run: a rank dead of a SIGTERM the agent did not send makes
