@@ -3,14 +3,23 @@ to the ranks running there (the notice file and signal of a preempted attempt's 
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from trainpod.agent.launcher import Launcher, Notice, notice_file
-from trainpod.agent.slurmnotice import Kind, SlurmNoticeWatch, classify, parse_job
+from trainpod.agent.slurmnotice import (
+    CONFIRM_S,
+    TERM_WAIT_S,
+    Kind,
+    SlurmNoticeWatch,
+    classify,
+    parse_job,
+)
 from trainpod.api.models import LaunchOrder, RankSlot
 from trainpod.testing.wait import wait_until
 
@@ -29,11 +38,9 @@ def test_the_notice_file_gives_each_running_attempt_the_notice_and_is_reported(
     changes: list[int] = []
     launcher = Launcher(node_env={"TRAINPOD_NODE": "n1"}, on_change=lambda: None)
     path = tmp_path / "slurm-notice-5.0"
-    watch = SlurmNoticeWatch(
-        path,
-        Notice(signal.SIGUSR1, 30.0, "preempted by Slurm"),
+    watch = _watch(
         launcher,
-        teardown_grace_s=1.0,
+        path,
         on_notice=lambda: changes.append(1),
     )
     stopping = threading.Event()
@@ -107,6 +114,28 @@ def test_slurms_record_tells_a_preemption_from_the_time_limits_warning() -> None
     assert classify({}) is Kind.UNKNOWN
 
 
+def _watch(
+    launcher: Launcher,
+    path: Path | None,
+    *,
+    on_notice: Callable[[], None] = lambda: None,
+    ask: Callable[[], Mapping[str, str]] = dict,
+    term_wait_s: float = TERM_WAIT_S,
+    confirm_s: float = CONFIRM_S,
+) -> SlurmNoticeWatch:
+    """A watch over ``launcher`` that gives SIGUSR1 with a 30 s grace, as slurm-ci's spec."""
+    return SlurmNoticeWatch(
+        path,
+        Notice(signal.SIGUSR1, 30.0, "preempted by Slurm"),
+        launcher,
+        teardown_grace_s=1.0,
+        on_notice=on_notice,
+        ask=ask,
+        term_wait_s=term_wait_s,
+        confirm_s=confirm_s,
+    )
+
+
 def _two_ranks(tmp_path: Path, launcher: Launcher) -> Path:
     log_dir = tmp_path / "attempt-1"
     order = LaunchOrder(
@@ -135,12 +164,9 @@ def test_the_time_limits_warning_is_not_a_preemption_and_a_later_preemption_is(
     launcher = Launcher(node_env={"TRAINPOD_NODE": "n1"}, on_change=lambda: None)
     path = tmp_path / "slurm-notice-4.0"
     says = [parse_job(WARNING)]
-    watch = SlurmNoticeWatch(
-        path,
-        Notice(signal.SIGUSR1, 30.0, "preempted by Slurm"),
+    watch = _watch(
         launcher,
-        teardown_grace_s=1.0,
-        on_notice=lambda: None,
+        path,
         ask=lambda: says[0],
     )
     try:
@@ -173,12 +199,9 @@ def test_a_sigterm_that_is_slurms_preemption_is_the_notice_and_the_agent_stays(
         return parse_job(PREEMPTING)
 
     stops: list[int] = []
-    watch = SlurmNoticeWatch(
-        None,
-        Notice(signal.SIGUSR1, 30.0, "preempted by Slurm"),
+    watch = _watch(
         launcher,
-        teardown_grace_s=1.0,
-        on_notice=lambda: None,
+        None,
         ask=ask,
     )
     try:
@@ -206,13 +229,10 @@ def test_a_sigterm_that_is_not_a_preemption_stops_the_agent(tmp_path: Path) -> N
     launcher = Launcher(node_env={"TRAINPOD_NODE": "n1"}, on_change=lambda: None)
     for said in (ENDING, WARNING, ""):
         stopped = threading.Event()
-        watch = SlurmNoticeWatch(
-            None,
-            Notice(signal.SIGUSR1, 30.0, "preempted by Slurm"),
+        watch = _watch(
             launcher,
-            teardown_grace_s=1.0,
-            on_notice=lambda: None,
-            ask=lambda said=said: parse_job(said),  # type: ignore[misc]
+            None,
+            ask=functools.partial(parse_job, said),
             confirm_s=0.0 if said != ENDING else 3600.0,  # "ending" is believed at once
         )
         watch.sigterm(stopped.set)
@@ -237,12 +257,9 @@ def test_a_sigterm_whose_preemption_slurms_record_shows_late_is_still_the_notice
         return parse_job(answers[min(len(asked), len(answers)) - 1])
 
     stops: list[int] = []
-    watch = SlurmNoticeWatch(
-        None,
-        Notice(signal.SIGUSR1, 30.0, "preempted by Slurm"),
+    watch = _watch(
         launcher,
-        teardown_grace_s=1.0,
-        on_notice=lambda: None,
+        None,
         ask=ask,
         confirm_s=3600.0,
     )
@@ -264,12 +281,9 @@ def test_reports_wait_for_the_agents_sigterm_when_a_rank_died_of_slurms_first(
     """Slurm signals the whole tree: a rank's exit can be seen before the agent's handler
     runs; the beat that would carry it waits for the handler and Slurm's answer."""
     launcher = Launcher(node_env={"TRAINPOD_NODE": "n1"}, on_change=lambda: None)
-    watch = SlurmNoticeWatch(
-        None,
-        Notice(signal.SIGUSR1, 30.0, "preempted by Slurm"),
+    watch = _watch(
         launcher,
-        teardown_grace_s=1.0,
-        on_notice=lambda: None,
+        None,
         ask=lambda: parse_job(PREEMPTING),
         term_wait_s=60.0,
     )
