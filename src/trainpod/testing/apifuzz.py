@@ -166,33 +166,43 @@ def fuzz(
 ) -> Tally:
     """Fuzz every operation of the controller at ``base_url`` with each of ``tokens``
     (kind -> token; None sends none), ``max_examples`` cases each (or per kind: a token
-    the middleware refuses before any route needs fewer), stopping early at the
-    monotonic time ``until``. ``alive``: whether the controller process still runs."""
+    the middleware refuses before any route needs fewer). With ``until`` (a monotonic
+    time), rounds of that over every operation, with new random cases each round, until
+    then; without, one round of the same cases every run. ``alive``: whether the
+    controller process still runs."""
     tally = Tally()
     headers = {"Authorization": f"Bearer {admin_token}"}
     raw = httpx.get(base_url + SCHEMA_PATH, headers=headers, timeout=TIMEOUT_S)
     raw.raise_for_status()  # the schema too needs a token
-    schema = schemathesis.openapi.from_dict(raw.json())
+    operations = list(_operations(schemathesis.openapi.from_dict(raw.json())))
     with (
         httpx.Client(base_url=base_url, timeout=TIMEOUT_S) as http,
         httpx.Client(base_url=base_url, headers=headers, timeout=TIMEOUT_S) as admin,
     ):
         state = State(admin)
-        for operation in _operations(schema):
-            for kind, token in tokens.items():
-                if until is not None and time.monotonic() > until:
-                    return tally
-                n = max_examples if isinstance(max_examples, int) else max_examples[kind]
-                _fuzz_one(operation, kind, token, http, state, tally, n, until)
-                if alive is not None and not alive():
-                    tally.problems.append(f"the controller died after {operation.label}")
-                    return tally
-                if admin.get("/v1/cluster").status_code != 200:
-                    tally.problems.append(
-                        f"the controller stopped answering after {operation.label}"
-                    )
-                    return tally
-    return tally
+        while True:
+            for operation in operations:
+                for kind, token in tokens.items():
+                    if until is not None and time.monotonic() > until:
+                        return tally
+                    n = max_examples if isinstance(max_examples, int) else max_examples[kind]
+                    _fuzz_one(operation, kind, token, http, state, tally, n, until)
+                    if gone := _gone(admin, alive):
+                        tally.problems.append(f"the controller {gone} after {operation.label}")
+                        return tally
+            if until is None:
+                return tally
+
+
+def _gone(admin: httpx.Client, alive: Callable[[], bool] | None) -> str | None:
+    """Why the controller is no longer there (None: it answers)."""
+    if alive is not None and not alive():
+        return "died"
+    try:
+        ok = admin.get("/v1/cluster").status_code == 200
+    except httpx.HTTPError:
+        ok = False
+    return None if ok else "stopped answering"
 
 
 def _operations(schema: Any) -> Iterator[Any]:
