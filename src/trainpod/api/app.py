@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -58,6 +59,13 @@ from trainpod.telemetry.exposition import CONTENT_TYPE, render
 from trainpod.telemetry.goodput import compute_goodput
 
 METRICS_PATH = "/metrics"
+ROW_MAX = 2**63 - 1
+"""SQLite's largest INTEGER: an id, offset or count beyond it names nothing (and made the
+store raise OverflowError, a 500, until the API bounded them: found by the API fuzz)."""
+JobId = Annotated[int, PathParam(ge=0, le=ROW_MAX, description="a job's id")]
+StepNo = Annotated[int, PathParam(ge=0, le=ROW_MAX, description="a step's number")]
+MaybeJob = Annotated[int | None, Query(ge=0, le=ROW_MAX, description="a job's id")]
+Count = Annotated[int | None, Query(ge=0, le=ROW_MAX, description="at most this many")]
 SCRAPER = Principal("prometheus", "user")
 """The holder of the read-only scrape token (``scrape.token``): ``/metrics`` only."""
 
@@ -129,6 +137,13 @@ def create_app(
         status, body = error_reply(exc)
         return JSONResponse(body, status_code=status)
 
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # A defect, never a refusal: JSON like every other error, the traceback in the log
+        # (Starlette logs it after this answer).
+        message = f"the controller failed on this call ({type(exc).__name__}); see its log"
+        return JSONResponse({"error": "InternalError", "message": message}, status_code=500)
+
     @app.get("/v1/cluster", response_model=ClusterInfo)
     def cluster() -> ClusterInfo:
         return info()
@@ -154,13 +169,13 @@ def create_app(
         return controller.chaos(req)
 
     @app.get("/v1/jobs/{job_id}/goodput")
-    def goodput(job_id: int) -> dict[str, Any]:
+    def goodput(job_id: JobId) -> dict[str, Any]:
         job = controller.job_info(job_id)
         events = controller.event_infos(job_id=job_id)
         return compute_goodput(job, events, time.time()).to_dict()
 
     @app.get("/v1/jobs/{job_id}/energy", response_model=JobEnergy)
-    def job_energy(job_id: int) -> JobEnergy:
+    def job_energy(job_id: JobId) -> JobEnergy:
         """The job's energy per attempt and node, in kWh and kg CO2e."""
         return controller.energy.job(job_id)
 
@@ -198,35 +213,35 @@ def create_app(
         return controller.access.revoke(who, name, req.token_id)
 
     @app.get("/v1/jobs", response_model=list[JobInfo])
-    def jobs(who: Caller, all: bool = True, limit: int | None = None) -> Response:
+    def jobs(who: Caller, all: bool = True, limit: Count = None) -> Response:
         # Serialised by the views (ended jobs once), not validated again here; env values
         # are the owner's and admins' (controller/access.py: sees_env).
         body = controller.jobs_json(include_ended=all, limit=limit, viewer=who)
         return Response(content=body, media_type="application/json")
 
     @app.get("/v1/jobs/{job_id}", response_model=JobInfo)
-    def job(job_id: int, who: Caller) -> JobInfo:
+    def job(job_id: JobId, who: Caller) -> JobInfo:
         return controller.job_info(job_id, viewer=who)
 
     @app.post("/v1/jobs/{job_id}/hold", response_model=JobInfo)
-    def hold(job_id: int, who: Caller) -> JobInfo:
+    def hold(job_id: JobId, who: Caller) -> JobInfo:
         """Keep a waiting job in the queue, never placed, until released."""
         controller.hold(job_id, by=who)
         return controller.job_info(job_id, viewer=who)
 
     @app.delete("/v1/jobs/{job_id}/hold", response_model=JobInfo)
-    def unhold(job_id: int, who: Caller) -> JobInfo:
+    def unhold(job_id: JobId, who: Caller) -> JobInfo:
         """Let a held job be scheduled again."""
         controller.hold(job_id, by=who, release=True)
         return controller.job_info(job_id, viewer=who)
 
     @app.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo)
-    def cancel(job_id: int, who: Caller) -> JobInfo:
+    def cancel(job_id: JobId, who: Caller) -> JobInfo:
         controller.cancel(job_id, by=who)
         return controller.job_info(job_id, viewer=who)
 
     @app.post("/v1/jobs/{job_id}/preempt", response_model=JobInfo)
-    def preempt(job_id: int, who: Caller, req: PreemptRequest | None = None) -> JobInfo:
+    def preempt(job_id: JobId, who: Caller, req: PreemptRequest | None = None) -> JobInfo:
         """Admins: stop a running job with a preemption notice and queue it again."""
         controller.authorize(who, Action.PREEMPT, job_id)
         req = req or PreemptRequest()
@@ -235,7 +250,11 @@ def create_app(
 
     @app.get("/v1/jobs/{job_id}/logs", response_model=LogChunk)
     def logs(
-        job_id: int, who: Caller, rank: int = 0, attempt: int | None = None, offset: int = 0
+        job_id: JobId,
+        who: Caller,
+        rank: Annotated[int, Query(ge=0, le=ROW_MAX)] = 0,
+        attempt: Annotated[int | None, Query(ge=1, le=ROW_MAX)] = None,
+        offset: Annotated[int, Query(ge=0, le=ROW_MAX, description="bytes into the log")] = 0,
     ) -> LogChunk:
         controller.authorize(who, Action.READ_LOGS, job_id)
         info = controller.job_info(job_id)
@@ -251,37 +270,40 @@ def create_app(
 
     @app.get("/v1/events", response_model=list[EventInfo])
     def events(
-        job: int | None = None, node: str | None = None, after: int = 0, limit: int | None = None
+        job: MaybeJob = None,
+        node: str | None = None,
+        after: Annotated[int, Query(ge=0, le=ROW_MAX, description="events after this id")] = 0,
+        limit: Count = None,
     ) -> list[EventInfo]:
         return controller.event_infos(job_id=job, node=node, after=after, limit=limit)
 
     # -- interactive work: trainpod alloc / shell / run (controller/interactive.py) ------
     # Only the job's owner or an admin (controller/access.py): a refusal is a 403 + event.
     @app.post("/v1/jobs/{job_id}/lease", response_model=AllocationLease)
-    def renew_lease(job_id: int, who: Caller) -> AllocationLease:
+    def renew_lease(job_id: JobId, who: Caller) -> AllocationLease:
         controller.authorize(who, Action.ALLOC, job_id)
         return controller.interactive.renew(job_id)
 
     @app.post("/v1/jobs/{job_id}/release", response_model=JobInfo)
-    def release(job_id: int, who: Caller, reason: str = "released") -> JobInfo:
+    def release(job_id: JobId, who: Caller, reason: str = "released") -> JobInfo:
         controller.authorize(who, Action.ALLOC, job_id)
         controller.interactive.release(job_id, reason)
         return controller.job_info(job_id, viewer=who)
 
     @app.get("/v1/shell", response_model=ShellContext)
-    def shell(who: Caller, node: str | None = None, job: int | None = None) -> ShellContext:
+    def shell(who: Caller, node: str | None = None, job: MaybeJob = None) -> ShellContext:
         # A node's shell is a shell in the job it runs, if any: its owner's (or an admin's).
         held = job if job is not None or node is None else controller.interactive.job_on(node)
         controller.authorize(who, Action.SHELL, held)
         return controller.interactive.shell(node, job, by=who)
 
     @app.post("/v1/jobs/{job_id}/steps", response_model=StepPlan, status_code=201)
-    def start_step(job_id: int, req: StepRequest, who: Caller) -> StepPlan:
+    def start_step(job_id: JobId, req: StepRequest, who: Caller) -> StepPlan:
         controller.authorize(who, Action.ALLOC, job_id)
         return controller.interactive.start_step(job_id, req)
 
     @app.post("/v1/jobs/{job_id}/steps/{step}/end", status_code=204)
-    def end_step(job_id: int, step: int, end: StepEnd, who: Caller) -> Response:
+    def end_step(job_id: JobId, step: StepNo, end: StepEnd, who: Caller) -> Response:
         controller.authorize(who, Action.ALLOC, job_id)
         controller.interactive.end_step(job_id, step, end.exit_code)
         return Response(status_code=204)

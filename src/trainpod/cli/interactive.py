@@ -39,7 +39,7 @@ from trainpod.agent.accounts import AccountError, RunAs, run_as
 from trainpod.api.models import JobInfo, ShellContext
 from trainpod.cli import slurm
 from trainpod.cli.context import client_for, resolve_cluster
-from trainpod.cli.jobs import default_env, parse_env
+from trainpod.cli.jobs import default_env, job_spec, parse_env
 from trainpod.cli.render import err_console, styled
 from trainpod.cli.shellhome import ShellHome, shell_home
 from trainpod.client.http import TrainpodClient
@@ -106,7 +106,7 @@ def alloc(
             "--spares, --auto-resume and --procs-per-node are for Slurm's alloc; an embedded "
             "allocation holds whole nodes (give `trainpod run -p N` the ranks per node)"
         )
-    spec = JobSpec(
+    spec = job_spec(
         command=HOLD_COMMAND,
         name=name or "alloc",
         nodes=nodes,

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pydantic
 import typer
@@ -34,6 +35,29 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
             raise SpecError(f"--env expects KEY=VALUE; got {pair!r}")
         env[key] = value
     return env
+
+
+_OPTION = {"time_limit": "--time", "command": "the command", "env": "--env"}
+
+
+def job_spec(**fields: Any) -> JobSpec:
+    """The job spec of a command's options, or a :class:`SpecError` that names each option
+    that is wrong and says how to fix it (never pydantic's report, never a traceback)."""
+    try:
+        return JobSpec(**fields)
+    except pydantic.ValidationError as exc:
+        raise SpecError("; ".join(_problem(e) for e in exc.errors())) from None
+
+
+def _problem(error: Any) -> str:
+    msg = str(error["msg"]).removeprefix("Value error, ")
+    if not error["loc"]:  # a check of several options: its message names them
+        return msg
+    field = str(error["loc"][0])
+    option = _OPTION.get(field, "--" + field.replace("_", "-"))
+    if msg.startswith(option) or msg.startswith(("argument", "--env")):
+        return msg
+    return f"{option}: {msg} (got {error.get('input')!r:.80})"
 
 
 def default_env() -> dict[str, str]:
@@ -84,34 +108,30 @@ def submit(
     cluster: str = CLUSTER_OPT,
 ) -> None:
     """Submit a job: trainpod submit -N 2 -- python train.py --steps 100"""
-    try:
-        spec = JobSpec(
-            spares=spares,
-            time_limit=time_limit,
-            nice=nice,
-            priority=priority,
-            dependency=dependency,
-            exclude=[x for x in (exclude or "").split(",") if x],
-            command=command,
-            name=name,
-            nodes=nodes,
-            procs_per_node=procs_per_node,
-            partition=partition,
-            env={**default_env(), **parse_env(env)},
-            workdir=str((workdir or Path.cwd()).absolute()),
-            user=getpass.getuser(),  # the controller makes the caller the owner whatever this says
-            priority_class=priority_class,
-            private=private,
-            auto_resume=auto_resume,
-            max_restarts=max_restarts,
-            recovery=recovery,  # checked by JobSpec, which names the choices
-            min_nodes=min_nodes,
-            hang_timeout_s=hang_timeout_s,
-            startup_timeout_s=startup_timeout_s,
-        )
-    except pydantic.ValidationError as exc:
-        why = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
-        raise SpecError(why) from None
+    spec = job_spec(
+        spares=spares,
+        time_limit=time_limit,
+        nice=nice,
+        priority=priority,
+        dependency=dependency,
+        exclude=[x for x in (exclude or "").split(",") if x],
+        command=command,
+        name=name,
+        nodes=nodes,
+        procs_per_node=procs_per_node,
+        partition=partition,
+        env={**default_env(), **parse_env(env)},
+        workdir=str((workdir or Path.cwd()).absolute()),
+        user=getpass.getuser(),  # the controller makes the caller the owner whatever this says
+        priority_class=priority_class,
+        private=private,
+        auto_resume=auto_resume,
+        max_restarts=max_restarts,
+        recovery=recovery,  # checked by JobSpec, which names the choices
+        min_nodes=min_nodes,
+        hang_timeout_s=hang_timeout_s,
+        startup_timeout_s=startup_timeout_s,
+    )
     with client_for(cluster) as client:
         if dry_run:
             plan = client.plan(spec)

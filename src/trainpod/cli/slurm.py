@@ -13,12 +13,11 @@ from pathlib import Path
 import typer
 
 from trainpod.cli.context import client_for, resolve_cluster
-from trainpod.cli.jobs import default_env, follow, parse_env
+from trainpod.cli.jobs import default_env, follow, job_spec, parse_env
 from trainpod.cli.render import console, styled
 from trainpod.errors import Fatal
 from trainpod.paths import ClusterPaths, ClusterRecord
 from trainpod.slurm.conf import render_conf
-from trainpod.spec.job import JobSpec
 from trainpod.spec.loading import load_cluster_spec
 
 app = typer.Typer(help="Slurm helpers.", no_args_is_help=True)
@@ -72,7 +71,7 @@ def alloc(
     rank 0's output follows here, Ctrl-C cancels."""
     if shutil.which("salloc") is None:
         raise Fatal("salloc is not installed here; run `trainpod alloc` on a Slurm login node")
-    spec = JobSpec(
+    spec = job_spec(
         command=command,
         nodes=nodes,
         procs_per_node=procs_per_node,

@@ -24,8 +24,14 @@ notice (see :mod:`trainpod.agent.slurmnotice`).
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from dataclasses import dataclass, field
+
+from trainpod.errors import SpecError
+
+_LINE_BREAK = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,22 @@ class BatchRequest:
 
 
 def render(req: BatchRequest) -> str:
-    """The batch script for ``req`` (bash)."""
+    """The batch script for ``req`` (bash). Every value from a spec stays inert: ``#SBATCH``
+    lines and the header comment must be one line each (a line break would start a shell
+    line of its own), so a control character in one is refused; env keys must be names;
+    env values and the agent's argv are shell-quoted."""
+    for value in (req.cluster, *req.directives()):
+        if bad := _LINE_BREAK.search(value):
+            raise SpecError(
+                f"the sbatch option {value!r} holds the control character {bad.group()!r}: "
+                "it would break the batch script's line; remove it from the spec"
+            )
+    for key, _ in req.env:
+        if not _ENV_KEY.fullmatch(key):
+            raise SpecError(
+                f"the batch script's variable {key!r} is not a name; use letters, digits and "
+                "underscores, not starting with a digit"
+            )
     lines = [
         "#!/bin/bash",
         f"# trainpod job {req.job_id} on cluster {req.cluster}: {req.nodes} node(s)"

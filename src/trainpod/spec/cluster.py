@@ -184,6 +184,13 @@ class SlurmSpec(_Model):
     @classmethod
     def _options(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for opt in value:
+            if re.search(r"[\x00-\x1f\x7f]", opt):
+                raise _problem(
+                    "holds a control character (a line break would end the #SBATCH line "
+                    "and start a shell command in the batch script)",
+                    opt,
+                    "write the option on one line, e.g. --account=ml",
+                )
             if not opt.startswith("--") or opt.split("=")[0] in _MANAGED_SBATCH:
                 raise _problem(
                     "not an sbatch option trainpod leaves to you",

@@ -21,6 +21,35 @@ _RESERVED_ENV = (
     "TORCHELASTIC_RUN_ID",
 )
 
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PARTITION = re.compile(r"[a-z][a-z0-9-]{0,29}")  # the cluster spec's partition names
+_SLURM_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\[\]-]{0,199}")
+_SLURM_DEPENDENCY = re.compile(r"[A-Za-z0-9_:,?+*%.-]{1,400}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_NUL = re.compile(r"\x00")
+_NO_NUL = "remove it: a process's arguments and environment end a string at NUL"
+MAX_ARG = 128 * 1024  # Linux's MAX_ARG_STRLEN: execve refuses a longer argument
+
+
+def _text(value: str, what: str, fix: str, *, control: bool = True) -> str:
+    """``value`` if it can reach a process as it is: UTF-8, no NUL (``execve`` ends a string
+    there), no control characters where ``control`` (a line break in a name or a Slurm
+    option would start a new line of the batch script)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} is not valid UTF-8 (byte 0x{ord(value[exc.start]) & 0xFF:02x} at "
+            f"{exc.start}); re-encode it as UTF-8: trainpod stores and passes text"
+        ) from None
+    bad = (_CONTROL if control else _NUL).search(value)
+    if bad:
+        raise ValueError(f"{what} holds the control character {bad.group()!r}; {fix}")
+    if len(value) > MAX_ARG:
+        raise ValueError(f"{what} is {len(value)} characters, more than {MAX_ARG}; {fix}")
+    return value
+
+
 RecoveryMode = Literal["restart", "in-process"]
 RECOVERY_MODES: tuple[RecoveryMode, ...] = ("restart", "in-process")
 
@@ -115,6 +144,56 @@ class JobSpec(BaseModel):
             )
         return self
 
+    @field_validator("command")
+    @classmethod
+    def _command_text(cls, argv: list[str]) -> list[str]:
+        for i, arg in enumerate(argv):
+            _text(arg, f"argument {i} of the command", _NO_NUL, control=False)
+        return argv
+
+    @field_validator("name")
+    @classmethod
+    def _name_text(cls, value: str) -> str:
+        return _text(value, "--name", "use printable text on one line")
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir_text(cls, value: str | None) -> str | None:
+        fix = "give an existing directory's path"
+        return None if value is None else _text(value, "--workdir", fix)
+
+    @field_validator("partition")
+    @classmethod
+    def _partition_name(cls, value: str | None) -> str | None:
+        if value is not None and not _PARTITION.fullmatch(value):
+            raise ValueError(
+                f"--partition {value!r} is not a partition name; partitions are named with "
+                "1-30 lowercase letters, digits and dashes, starting with a letter "
+                "(`trainpod cluster info` lists them)"
+            )
+        return value
+
+    @field_validator("dependency")
+    @classmethod
+    def _slurm_dependency(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_DEPENDENCY.fullmatch(value):
+            raise ValueError(
+                f"--dependency {value!r} is not a Slurm dependency; write e.g. afterok:123 or "
+                "afterany:12:13,singleton (letters, digits and _:,?+*%.- only)"
+            )
+        return value
+
+    @field_validator("exclude")
+    @classmethod
+    def _slurm_nodes(cls, value: list[str]) -> list[str]:
+        for node in value:
+            if not _SLURM_NODE.fullmatch(node):
+                raise ValueError(
+                    f"--exclude {node!r} is not a Slurm node name; write e.g. node4 or "
+                    "gpu-[01-04] (letters, digits and _.-[] only), several joined by commas"
+                )
+        return value
+
     @field_validator("time_limit")
     @classmethod
     def _slurm_time(cls, value: str | None) -> str | None:
@@ -148,6 +227,13 @@ class JobSpec(BaseModel):
     @field_validator("env")
     @classmethod
     def _no_contract_override(cls, env: dict[str, str]) -> dict[str, str]:
+        for key, value in env.items():
+            if not _ENV_KEY.fullmatch(key):
+                raise ValueError(
+                    f"--env key {key!r} is not a variable name; use letters, digits and "
+                    "underscores, not starting with a digit (e.g. MY_VAR=1)"
+                )
+            _text(value, f"--env {key}'s value", _NO_NUL, control=False)
         clash = sorted(set(env) & set(_RESERVED_ENV))
         if clash:
             raise ValueError(

@@ -1,0 +1,80 @@
+"""Reliability benchmark (issue 14): a small driver, one function per part.
+
+``--part fuzz``: schemathesis over a real controller's OpenAPI schema (a controller process
+of its own on a local port, no agents: nothing fuzzed is ever run as a command) with the
+admin's, a user's and the agents' tokens and with none, for ``--fuzz-minutes`` minutes
+(random cases; CI's tests/fuzz runs a fixed few). Prints the requests fuzzed, refused and the
+5xx seen, by token kind, and every problem found (a 5xx, a 4xx without a JSON reason, a
+refused call that changed state, the controller dead or silent). Exit status 1 when any.
+
+    flock /tmp/bench.lock python benchmarks/reliability.py --part fuzz --fuzz-minutes 5
+
+Other parts (the controller killed under load, full disks, a soak) are added as functions of
+their own and named in ``PARTS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # tests.fuzz.server: the controller without agents
+
+
+def fuzz_part(args: argparse.Namespace) -> dict[str, object]:
+    """Fuzz the API for ``args.fuzz_minutes``; the tally as a dict."""
+    from tests.fuzz.server import controller
+
+    from trainpod.testing.apifuzz import fuzz
+
+    with tempfile.TemporaryDirectory(prefix="tp-fuzz-") as tmp:
+        os.environ["TRAINPOD_HOME"] = str(Path(tmp) / "home")
+        with controller(Path(tmp)) as c:
+            start = time.monotonic()
+            until = start + args.fuzz_minutes * 60
+            n = args.examples
+            tally = fuzz(c.url, c.tokens, c.admin, max_examples=n, until=until, alive=c.alive)
+            wall = time.monotonic() - start
+            alive = c.alive()
+    print(f"API fuzz: {args.fuzz_minutes:g} min ({wall:.0f} s), load {os.getloadavg()[0]:.1f}")
+    print(tally.report())
+    return {
+        "minutes": args.fuzz_minutes,
+        "wall_s": round(wall, 1),
+        "load_1min": round(os.getloadavg()[0], 2),
+        "tried": dict(tally.tried),
+        "refused": dict(tally.refused),
+        "server_errors": dict(tally.server_errors),
+        "problems": tally.problems,
+        "controller_alive": alive,
+    }
+
+
+PARTS: dict[str, Callable[[argparse.Namespace], dict[str, object]]] = {"fuzz": fuzz_part}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=sorted(PARTS), action="append", required=True)
+    parser.add_argument("--fuzz-minutes", type=float, default=2.0)
+    parser.add_argument(
+        "--examples", type=int, default=20, help="cases per operation and token, each round"
+    )
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    results = {part: PARTS[part](args) for part in args.part}
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    bad = any(r.get("problems") or r.get("server_errors") for r in results.values())
+    raise SystemExit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
