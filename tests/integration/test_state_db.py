@@ -20,8 +20,8 @@ from trainpod.testing.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
-# The spec of the lock and disk tests: a short busy timeout (a refused call within a second),
-# heartbeats that may pause for a while without a node being declared lost.
+# Two nodes; a short busy timeout (the lock test's refusal comes within a second);
+# heartbeats that may pause for a while (a full disk) without a node being declared lost.
 SPEC = """\
 name: {name}
 backend: local
@@ -37,7 +37,10 @@ storage:
 """
 
 
-def test_corrupt_database_refused_then_restored(cluster: Cluster) -> None:
+def test_corrupt_database_refused_then_restored(
+    make_cluster_from_spec: Callable[[str], Cluster],
+) -> None:
+    cluster = make_cluster_from_spec(SPEC)
     jobs = [cluster.submit(["true"], nodes=1) for _ in range(2)]
     for j in jobs:
         assert cluster.wait_job(j.id).state == "completed"

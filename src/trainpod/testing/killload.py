@@ -207,7 +207,7 @@ class KillLoad:
             time.sleep(self.rng.uniform(min_gap_s, max_gap_s))
             self.kill_controller()
 
-    def finish(self) -> None:
+    def finish(self, timeout_s: float = 120.0) -> None:
         """Stop the load, cancel what waits, release the long jobs, wait until all ended."""
         self._stop.set()
         for t in self._threads:
@@ -220,7 +220,7 @@ class KillLoad:
         (self.hold_dir / "release").touch()
         wait_until(
             lambda: not self.client.jobs(include_ended=False),
-            timeout_s=120,
+            timeout_s=timeout_s,
             what="every job ended",
         )
         self.observe()
