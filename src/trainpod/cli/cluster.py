@@ -176,7 +176,7 @@ def delete(
 @app.command()
 def backup(
     name: str = typer.Argument(None, help="cluster name (default: the current one)"),
-    to: Path = typer.Option(
+    to: Path | None = typer.Option(
         None, "--to", help="the backup file (default: the state dir's backups/)"
     ),
 ) -> None:
@@ -191,7 +191,7 @@ def backup(
 @app.command()
 def restore(
     name: str = typer.Argument(None, help="cluster name (default: the current one)"),
-    from_: Path = typer.Option(
+    from_: Path | None = typer.Option(
         None, "--from", help="the backup to restore (default: the newest in backups/)"
     ),
 ) -> None:
