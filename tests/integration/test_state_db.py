@@ -142,11 +142,11 @@ def _fill(directory: Path) -> Path:
     """Write one file until the file system is full; its path (unlink it to free the room)."""
     filler = directory / "filler"
     chunk = b"\0" * (1 << 16)
-    with filler.open("wb") as f:
+    # Unbuffered: a buffered file would raise ENOSPC again on close, flushing what is left.
+    with filler.open("wb", buffering=0) as f:
         try:
             while True:
                 f.write(chunk)
-                f.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC, exc
     return filler
