@@ -38,3 +38,8 @@ class Forbidden(Fatal):
 
 class ControllerUnavailable(Retryable):
     """The controller could not be reached."""
+
+
+class StoreUnavailable(Retryable):
+    """The controller's database cannot be written now (locked by another process, its disk
+    full): nothing was applied; the API answers 503 and the call may be retried."""

@@ -47,6 +47,11 @@ class ClusterPaths:
         return self.state_dir / "controller.db"
 
     @property
+    def backups(self) -> Path:
+        """``trainpod cluster backup``'s default folder (ADR 0034)."""
+        return self.state_dir / "backups"
+
+    @property
     def admin_token(self) -> Path:
         return self.state_dir / "admin.token"
 

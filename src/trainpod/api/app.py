@@ -92,8 +92,11 @@ def create_app(
     agent_token: str,
     info: Callable[[], ClusterInfo],
     scrape_token: str = "",
+    on_shutdown: Callable[[], None] | None = None,
 ) -> FastAPI:
-    """``scrape_token``: a read-only token that opens ``/metrics`` only (empty: none)."""
+    """``scrape_token``: a read-only token that opens ``/metrics`` only (empty: none).
+    ``on_shutdown``: run when the server stops serving (uvicorn re-raises a SIGTERM once it
+    has shut down, so code after ``uvicorn.run`` never runs then)."""
     beats = BeatRunner(controller)
     tokens = Tokens(
         admin_token=admin_token,
@@ -106,6 +109,8 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         beats.close()
+        if on_shutdown is not None:
+            on_shutdown()
 
     app = ControllerApp(
         AgentDoor(beats, tokens.principal),

@@ -29,10 +29,23 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from trainpod.api.models import Heartbeat, Orders
 from trainpod.controller.access import AGENT
 from trainpod.controller.core import Controller
-from trainpod.errors import Conflict, Forbidden, NotFound, SpecError, TrainpodError
+from trainpod.errors import (
+    Conflict,
+    Forbidden,
+    NotFound,
+    SpecError,
+    StoreUnavailable,
+    TrainpodError,
+)
 
 PATH = "/v1/agent/heartbeat"
-_STATUS = {SpecError: 400, Forbidden: 403, NotFound: 404, Conflict: 409}
+_STATUS: dict[type[TrainpodError], int] = {
+    SpecError: 400,
+    Forbidden: 403,
+    NotFound: 404,
+    Conflict: 409,
+    StoreUnavailable: 503,  # locked elsewhere, or the disk full: nothing applied, retry
+}
 
 
 def error_reply(exc: TrainpodError) -> tuple[int, dict[str, str]]:

@@ -1,4 +1,5 @@
-"""``trainpod cluster ...``: validate, create, list, describe, start, stop, delete."""
+"""``trainpod cluster ...``: validate, create, list, describe, start, stop, delete, backup,
+restore."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from trainpod.client.http import TrainpodClient
 from trainpod.errors import ControllerUnavailable, Fatal
 from trainpod.paths import ClusterPaths, ClusterRecord
 from trainpod.spec.loading import load_cluster_spec
+from trainpod.store import backup as db_backup
 
 app = typer.Typer(help="Create and manage clusters.", no_args_is_help=True)
 
@@ -169,3 +171,48 @@ def delete(
     backend_for(record.backend, paths).delete(purge=purge)
     kept = "" if purge else f"; shared dir kept at {record.shared_dir}"
     console.print(f"cluster {name} deleted{kept}")
+
+
+@app.command()
+def backup(
+    name: str = typer.Argument(None, help="cluster name (default: the current one)"),
+    to: Path | None = typer.Option(
+        None, "--to", help="the backup file (default: the state dir's backups/)"
+    ),
+) -> None:
+    """Copy the cluster's database with SQLite's online backup API (safe while it runs)."""
+    paths = resolve_cluster(name)
+    dest = to.absolute() if to is not None else db_backup.default_backup_path(paths.backups)
+    db_backup.backup(paths.db, dest)
+    version = db_backup.check(dest).schema_version
+    console.print(f"backed up {paths.db} to {dest} (integrity ok, schema version {version})")
+
+
+@app.command()
+def restore(
+    name: str = typer.Argument(None, help="cluster name (default: the current one)"),
+    from_: Path | None = typer.Option(
+        None, "--from", help="the backup to restore (default: the newest in backups/)"
+    ),
+) -> None:
+    """Replace the cluster's database with a checked backup; the controller must be down."""
+    paths = resolve_cluster(name)
+    record = ClusterRecord.load(paths)
+    up = [p for p in backend_for(record.backend, paths).processes() if p.alive]
+    controller = next((p for p in up if p.name == "controller"), None)
+    if controller is not None:
+        raise Fatal(
+            f"the controller of {paths.name} is running (pid {controller.pid}): a database "
+            f"cannot be replaced under it; `trainpod cluster stop {paths.name}` first"
+        )
+    source = from_.absolute() if from_ is not None else db_backup.newest_backup(paths.backups)
+    if source is None:
+        raise Fatal(
+            f"no backup in {paths.backups}; name one with --from PATH "
+            f"(`trainpod cluster backup {paths.name}` makes them)"
+        )
+    result = db_backup.restore(source, paths.db)
+    console.print(
+        f"restored {paths.db} from {source} (integrity ok, schema version "
+        f"{result.schema_version}); `trainpod cluster start {paths.name}` starts the controller"
+    )

@@ -21,6 +21,7 @@ from trainpod.errors import (
     Forbidden,
     NotFound,
     SpecError,
+    StoreUnavailable,
     TrainpodError,
 )
 from trainpod.spec.job import JobSpec
@@ -54,6 +55,7 @@ _ERRORS: dict[str, type[TrainpodError]] = {
     "Forbidden": Forbidden,
     "NotFound": NotFound,
     "Conflict": Conflict,
+    "StoreUnavailable": StoreUnavailable,
 }
 
 

@@ -261,6 +261,12 @@ class Controller:
         with self._lock, self.store.transaction():
             self.telemetry.flush(self.clock.now(), force=True)
 
+    def close(self) -> None:
+        """Close the store (a controller that stops on purpose): the last connection's close
+        folds SQLite's write-ahead log into the database file and removes it (ADR 0034)."""
+        with self._lock:
+            self.store.close()
+
     def prune_events(self) -> int:
         """Apply the event log's retention; returns how many events went."""
         with self._lock:

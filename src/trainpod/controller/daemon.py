@@ -28,6 +28,7 @@ from trainpod.controller.tensorboard import GoodputFollower
 from trainpod.paths import ClusterPaths, ClusterRecord, read_secret, write_secret
 from trainpod.spec.loading import load_recorded_spec
 from trainpod.spec.sharing import quota_nodes
+from trainpod.store.backup import check, refuse_corrupt
 from trainpod.store.repo import Store
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,19 @@ def run_observer(controller: Controller, ops: ClusterOps, stop: threading.Event)
             log.exception("looking at the external scheduler failed")
 
 
+def refuse_a_damaged_db(paths: ClusterPaths) -> None:
+    """Stop before opening a database that fails its check (ADR 0034): the log, and so
+    ``trainpod cluster start``'s error, names the file, the check and the command to run."""
+    if not paths.db.exists():  # the first start creates it
+        return
+    result = check(paths.db, quick=True)
+    if not result.ok:
+        hint = f"`trainpod cluster restore {paths.name}` (newest backup in {paths.backups})"
+        error = refuse_corrupt(paths.db, result, hint)
+        log.error("%s", error)
+        raise SystemExit(f"trainpod-controller: {error}")
+
+
 def tune_gc() -> None:
     """Once started (modules, the app, the store's first reads): what exists now lives as
     long as the process, so it is frozen out of every later collection, and the young
@@ -194,7 +208,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     record = ClusterRecord.load(paths)
     config = config_from_record(record, paths)
-    store = Store.open(paths.db)
+    refuse_a_damaged_db(paths)
+    busy_s = load_recorded_spec(record).storage.state_db_busy_timeout_s
+    store = Store.open(paths.db, busy_timeout_s=busy_s)
     parts = backend_for(record.backend, paths).controller_parts(record, config)
     controller = Controller(
         store, config, scheduling=parts.scheduling or Scheduling, replacer=parts.replacer
@@ -221,15 +237,30 @@ def main(argv: list[str] | None = None) -> None:
             last_step_error_at=health.last_error_at,
         )
 
+    stop = threading.Event()
+    stopped = threading.Lock()
+
+    def shut_down() -> None:
+        """Once: stop the loops, write what is only in memory, close the store (the last
+        connection's close folds SQLite's log into the database file: a stopped cluster's
+        state is one file, ADR 0034)."""
+        if not stopped.acquire(blocking=False):
+            return
+        stop.set()
+        controller.wakeup.set()
+        controller.flush_energy()
+        controller.close()
+        log.info("controller for %s stopped; store closed", record.name)
+
     app = create_app(
         controller,
         admin_token=read_secret(paths.admin_token),
         agent_token=read_secret(paths.agent_token),
         info=info,
         scrape_token=_scrape_token(paths),
+        on_shutdown=shut_down,
     )
     tune_gc()
-    stop = threading.Event()
     loop = threading.Thread(target=run_reconciler, args=(controller, stop, health), daemon=True)
     loop.start()
     if parts.ops is not None:
@@ -263,9 +294,7 @@ def main(argv: list[str] | None = None) -> None:
             proxy_headers=False,
         )
     finally:
-        stop.set()
-        controller.wakeup.set()
-        controller.flush_energy()
+        shut_down()
 
 
 if __name__ == "__main__":

@@ -272,6 +272,9 @@ class StorageSpec(_Model):
     past it. None: only the file system's free space counts."""
     min_free_gib: Amount = Field(default=0.5, ge=0)
     """Free space below which the disk check faults a node's scratch or the shared dir."""
+    state_db_busy_timeout_s: Seconds = Field(default=10.0, gt=0, le=600)
+    """How long a write waits for a lock another process holds on the controller's database
+    (a backup, a ``sqlite3`` shell) before the call is refused with 503 (ADR 0034)."""
 
     @field_validator("shared_dir", "node_scratch_root", mode="after")
     @classmethod

@@ -32,12 +32,15 @@ def migrate(conn: sqlite3.Connection) -> int:
     return schema_version(conn)
 
 
-def open_db(path: Path | str) -> sqlite3.Connection:
+def open_db(path: Path | str, *, busy_timeout_s: float = 30.0) -> sqlite3.Connection:
     """Open (creating if needed) and migrate the database at ``path``.
 
-    The connection may be used from several threads; callers serialise access.
+    The connection may be used from several threads; callers serialise access. A write
+    waits up to ``busy_timeout_s`` for a lock another process holds.
     """
-    conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
+    conn = sqlite3.connect(
+        str(path), check_same_thread=False, isolation_level=None, timeout=busy_timeout_s
+    )
     conn.row_factory = sqlite3.Row
     if str(path) != ":memory:":
         conn.execute("PRAGMA journal_mode=WAL")

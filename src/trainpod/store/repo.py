@@ -17,6 +17,7 @@ from typing import Any
 from trainpod.model.events import Event, FaultDetected, Recorded, recorded
 from trainpod.model.states import AttemptState, JobState, NodeState, RankState
 from trainpod.store.db import open_db
+from trainpod.store.faults import unavailable
 from trainpod.store.nodecache import NodeCache
 from trainpod.store.rows import AttemptRow, EventRow, JobRow, NodeRow, RankRow
 
@@ -68,8 +69,11 @@ def _sets(fields: dict[str, Any], allowed: set[str]) -> tuple[str, list[Any]]:
 class Store:
     """Typed access to nodes, jobs, attempts, ranks and events."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, *, busy_timeout_s: float = 30.0) -> None:
         self._conn = conn
+        self._busy_timeout_s = busy_timeout_s
+        self._lost: BaseException | None = None
+        self._path = Path(conn.execute("PRAGMA database_list").fetchone()[2] or ":memory:")
         self._depth = 0
         self.appended = 0
         """Events appended through this store so far: a caller compares it before and after
@@ -85,8 +89,8 @@ class Store:
         return self._conn
 
     @classmethod
-    def open(cls, path: Path | str) -> Store:
-        return cls(open_db(path))
+    def open(cls, path: Path | str, *, busy_timeout_s: float = 30.0) -> Store:
+        return cls(open_db(path, busy_timeout_s=busy_timeout_s), busy_timeout_s=busy_timeout_s)
 
     def close(self) -> None:
         self._conn.close()
@@ -101,35 +105,61 @@ class Store:
             finally:
                 self._depth -= 1
             return
-        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:  # a lock held elsewhere past the timeout
+            raise self._unavailable(exc) from exc
         self._depth = 1
+        self._lost = None
         try:
             yield
-        except BaseException:
-            self._conn.execute("ROLLBACK")
+            if self._lost is not None:  # SQLite rolled the whole transaction back
+                raise self._lost
+            self._conn.execute("COMMIT")
+        except BaseException as exc:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
             self.work_version += 1
             self._nodes.drop()
-            raise
-        else:
-            self._conn.execute("COMMIT")
+            if (translated := self._unavailable(exc)) is exc:
+                raise
+            raise translated from exc
         finally:
             self._depth = 0
+            self._lost = None
+
+    def _unavailable(self, exc: BaseException) -> BaseException:
+        """``exc``, or the :class:`StoreUnavailable` it means (a lock, a full disk)."""
+        return unavailable(exc, self._path, self._busy_timeout_s) or exc
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
         """Inside :meth:`transaction`: the block's writes are undone if it raises, the
-        transaction's others kept (one heartbeat of a batch committed together)."""
+        transaction's others kept (one heartbeat of a batch committed together).
+
+        A full disk can make SQLite roll back the whole transaction, not only the block: the
+        transaction is then lost, and every later block of it fails with the same error
+        instead of running outside any transaction."""
         if not self._depth:
             raise RuntimeError("Store.savepoint() needs an open Store.transaction()")
+        if self._lost is not None:
+            raise self._lost
         self._conn.execute("SAVEPOINT block")
         try:
             yield
-        except BaseException:
-            self._conn.execute("ROLLBACK TO block")
+        except BaseException as exc:
             self.work_version += 1
             self._nodes.drop()
-            raise
-        finally:
+            translated = self._unavailable(exc)
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK TO block")
+                self._conn.execute("RELEASE block")
+            else:
+                self._lost = translated
+            if translated is exc:
+                raise
+            raise translated from exc
+        else:
             self._conn.execute("RELEASE block")
 
     # -- meta ---------------------------------------------------------------------------

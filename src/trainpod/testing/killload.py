@@ -1,0 +1,305 @@
+"""The controller ``kill -9``'d under load, and a client's ledger checked against the store
+afterwards (ADR 0034; tests/stress/test_controller_kills.py, benchmarks/reliability_kills.py).
+
+A :class:`KillLoad` drives a real local cluster: one thread keeps ``queued`` short jobs
+waiting (``true`` and short ``sleep``s) and cancels some, one tails the job list and the
+event log, and the caller's thread kills the controller at random instants and restarts it
+the way ``trainpod cluster start`` does (``LocalBackend.start``, given as ``restart``). A
+few long-running jobs hold nodes the whole time: their workers must be the same processes
+at the end. The :class:`Ledger` keeps every accepted submission (an id was returned), every
+state the client saw each job in and every event it read; :func:`audit` compares it with
+the store.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from trainpod.api.models import EventInfo, JobInfo
+from trainpod.client.http import TrainpodClient
+from trainpod.errors import Conflict, Retryable
+from trainpod.spec.job import JobSpec
+from trainpod.testing.wait import wait_until
+
+ENDED = {"completed", "failed", "cancelled"}
+_HOLD = (
+    'echo $$ > "$0/pid-$TRAINPOD_JOB_ID"; '
+    'while [ ! -e "$0/release" ]; do sleep 0.2; done'
+)  # a long-running worker: records its pid, runs until released
+
+
+@dataclass
+class Ledger:
+    accepted: dict[int, str] = field(default_factory=dict)
+    """Job id → its kind ("short" or "long"), for every submission answered with an id."""
+    seen: dict[int, list[str]] = field(default_factory=dict)
+    """Job id → the states the client saw it in, in order (repeats folded)."""
+    events: dict[int, EventInfo] = field(default_factory=dict)
+    cancels: int = 0
+    refused_calls: int = 0
+    """Calls that met a controller being killed or restarting (retried)."""
+
+    def saw(self, job: JobInfo) -> None:
+        states = self.seen.setdefault(job.id, [])
+        if not states or states[-1] != job.state.value:
+            states.append(job.state.value)
+
+
+@dataclass
+class Audit:
+    kills: int
+    accepted: int
+    events_seen: int
+    lost_jobs: list[int]
+    lost_events: list[int]
+    changed_events: list[int]
+    event_id_gaps: list[int]
+    duplicate_attempts: list[str]
+    overlapping_attempts: list[int]
+    unexplained_states: list[str]
+    long_workers_changed: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.lost_jobs
+            or self.lost_events
+            or self.changed_events
+            or self.event_id_gaps
+            or self.duplicate_attempts
+            or self.overlapping_attempts
+            or self.unexplained_states
+            or self.long_workers_changed
+        )
+
+    def summary(self) -> str:
+        return (
+            f"kills survived {self.kills}; jobs accepted {self.accepted}, lost "
+            f"{len(self.lost_jobs)}; events seen by clients {self.events_seen}, lost "
+            f"{len(self.lost_events)}, changed {len(self.changed_events)}, id gaps "
+            f"{len(self.event_id_gaps)}; duplicate attempts {len(self.duplicate_attempts)}, "
+            f"overlapping attempts {len(self.overlapping_attempts)}; unexplained states "
+            f"{len(self.unexplained_states)}; long-running workers changed "
+            f"{len(self.long_workers_changed)}"
+        )
+
+
+class KillLoad:
+    def __init__(
+        self,
+        controller_pid: Callable[[], int | None],
+        restart: Callable[[], list[str]],
+        client: TrainpodClient,
+        workdir: Path,
+        env: dict[str, str],
+        *,
+        queued: int,
+        long_jobs: int,
+        seed: int = 0,
+    ) -> None:
+        self.controller_pid = controller_pid
+        self.restart = restart
+        """Starts what of the cluster is down (``LocalBackend.start``: `trainpod cluster
+        start`); returns the names of what it started."""
+        self.client = client
+        self.workdir = workdir
+        self.env = env
+        self.queued = queued
+        self.long_jobs = long_jobs
+        self.rng = random.Random(seed)
+        self.ledger = Ledger()
+        self.kills = 0
+        self.long_pids: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._last_event = 0
+        self.hold_dir = workdir / "hold"
+        self.hold_dir.mkdir(parents=True, exist_ok=True)
+
+    # -- the load --------------------------------------------------------------------------
+    def _spec(self, command: list[str], name: str) -> JobSpec:
+        return JobSpec(command=command, env=self.env, workdir=str(self.workdir), name=name)
+
+    def start(self) -> None:
+        """Start the long-running jobs, wait for their workers, then start the load."""
+        for _ in range(self.long_jobs):
+            job = self.client.submit(self._spec(["sh", "-c", _HOLD, str(self.hold_dir)], "long"))
+            self.ledger.accepted[job.id] = "long"
+        wait_until(
+            lambda: len(list(self.hold_dir.glob("pid-*"))) == self.long_jobs,
+            timeout_s=60,
+            what=f"{self.long_jobs} long-running workers up",
+        )
+        for f in self.hold_dir.glob("pid-*"):
+            self.long_pids[int(f.name.removeprefix("pid-"))] = int(f.read_text())
+        for target in (self._submitter, self._observer):
+            t = threading.Thread(target=target, name=target.__name__, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _submitter(self) -> None:
+        while not self._stop.is_set():
+            try:
+                waiting = [j for j in self.client.jobs(include_ended=False) if j.state == "queued"]
+                for _ in range(max(0, self.queued - len(waiting))):
+                    cmd = ["true"] if self.rng.random() < 0.7 else ["sleep", "0.3"]
+                    job = self.client.submit(self._spec(cmd, "short"))
+                    self.ledger.accepted[job.id] = "short"
+                    self.ledger.saw(job)
+                for j in waiting:
+                    if self.rng.random() < 0.05:
+                        self._cancel(j.id)
+            except Retryable:
+                self.ledger.refused_calls += 1
+                self._stop.wait(0.2)
+            self._stop.wait(0.1)
+
+    def _cancel(self, job_id: int) -> None:
+        try:
+            self.ledger.saw(self.client.cancel(job_id))
+            self.ledger.cancels += 1
+        except Conflict:  # it started or ended meanwhile
+            pass
+
+    def _observer(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.observe()
+            except Retryable:
+                self.ledger.refused_calls += 1
+            self._stop.wait(0.3)
+
+    def observe(self) -> None:
+        for j in self.client.jobs(include_ended=True):
+            if j.id in self.ledger.accepted:
+                self.ledger.saw(j)
+        while True:
+            page = self.client.events(after=self._last_event, limit=2000)
+            for e in page:
+                self.ledger.events[e.id] = e
+                self._last_event = e.id
+            if len(page) < 2000:
+                return
+
+    # -- the kills -------------------------------------------------------------------------
+    def kill_controller(self) -> None:
+        """``kill -9`` the controller, wait until it is gone, start it again."""
+        pid = self.controller_pid()
+        assert pid is not None, "no controller pid file"
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not _alive(pid), timeout_s=30, what=f"controller {pid} gone")
+        self.kills += 1
+        started = self.restart()
+        assert started == ["controller"], f"restarted {started}: only the controller died"
+
+    def run_kills(self, kills: int, min_gap_s: float, max_gap_s: float) -> None:
+        for _ in range(kills):
+            time.sleep(self.rng.uniform(min_gap_s, max_gap_s))
+            self.kill_controller()
+
+    def finish(self, timeout_s: float = 120.0) -> None:
+        """Stop the load, cancel what waits, release the long jobs, wait until all ended."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=60)
+        for job_id in self.long_pids:
+            assert _alive(self.long_pids[job_id]), f"job {job_id}'s worker died"
+        for j in self.client.jobs(include_ended=False):
+            if j.state == "queued":
+                self._cancel(j.id)
+        (self.hold_dir / "release").touch()
+        wait_until(
+            lambda: not self.client.jobs(include_ended=False),
+            timeout_s=timeout_s,
+            what="every job ended",
+        )
+        self.observe()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def audit(load: KillLoad) -> Audit:
+    """Compare the ledger with what the store holds now."""
+    client, ledger = load.client, load.ledger
+    jobs = {j.id: j for j in client.jobs(include_ended=True)}
+    events: list[EventInfo] = []
+    while True:
+        page = client.events(after=events[-1].id if events else 0, limit=5000)
+        events += page
+        if len(page) < 5000:
+            break
+    by_id = {e.id: e for e in events}
+    ids = [e.id for e in events]
+    gaps = sorted(set(range(ids[0], ids[-1] + 1)) - set(ids)) if ids else []
+    lost_events = [i for i in ledger.events if i not in by_id]
+    changed = [
+        i
+        for i, e in ledger.events.items()
+        if i in by_id and by_id[i].model_dump() != e.model_dump()
+    ]
+    duplicates: list[str] = []
+    overlapping: list[int] = []
+    started: dict[tuple[int, int | None, int], int] = {}
+    for e in events:
+        if e.kind == "rank_started" and e.job_id is not None:
+            key = (e.job_id, e.attempt, int(e.data.get("rank", -1)))
+            started[key] = started.get(key, 0) + 1
+    duplicates += [
+        f"job {k[0]} attempt {k[1]} rank {k[2]}: {n}" for k, n in started.items() if n > 1
+    ]
+    for job in jobs.values():
+        numbers = [a.number for a in job.attempts]
+        if numbers != list(range(1, len(numbers) + 1)):
+            duplicates.append(f"job {job.id} attempts {numbers}")
+        spans = sorted((a.created_at, a.ended_at) for a in job.attempts)
+        for (_, end), (begin, _) in itertools.pairwise(spans):
+            if end is None or end > begin:
+                overlapping.append(job.id)
+    new_states: dict[int, set[str]] = {}
+    for e in events:
+        if e.kind == "job_state" and e.job_id is not None:
+            new_states.setdefault(e.job_id, set()).add(str(e.data.get("new")))
+    unexplained = []
+    for job_id, states in ledger.seen.items():
+        final = jobs.get(job_id)
+        if final is None:
+            continue
+        if states[-1] != final.state.value:
+            unexplained.append(f"job {job_id}: last seen {states[-1]}, store {final.state.value}")
+        for s in states:
+            if s != "queued" and s not in new_states.get(job_id, set()):
+                unexplained.append(f"job {job_id}: seen {s}, no job_state event for it")
+    changed_workers = []
+    for job_id, pid in load.long_pids.items():
+        job = jobs[job_id]
+        pids = [r.pid for a in job.attempts for r in a.ranks]
+        if len(job.attempts) != 1 or pids != [pid]:
+            changed_workers.append(f"job {job_id}: worker {pid}, store {pids}")
+    return Audit(
+        kills=load.kills,
+        accepted=len(ledger.accepted),
+        events_seen=len(ledger.events),
+        lost_jobs=sorted(set(ledger.accepted) - set(jobs)),
+        lost_events=lost_events,
+        changed_events=changed,
+        event_id_gaps=gaps,
+        duplicate_attempts=duplicates,
+        overlapping_attempts=sorted(set(overlapping)),
+        unexplained_states=unexplained,
+        long_workers_changed=changed_workers,
+    )
