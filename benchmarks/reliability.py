@@ -9,8 +9,13 @@ refused call that changed state, the controller dead or silent). Exit status 1 w
 
     flock /tmp/bench.lock python benchmarks/reliability.py --part fuzz --fuzz-minutes 5
 
-Other parts (the controller killed under load, full disks, a soak) are added as functions of
-their own and named in ``PARTS``.
+``--part kills``: the controller ``kill -9``'d at random instants under load for
+``--kill-minutes`` minutes, the client's ledger audited against the store
+(``benchmarks/reliability_kills.py``, which also runs on its own with every knob):
+
+    flock /tmp/bench.lock python benchmarks/reliability.py --part kills --kill-minutes 5
+
+Other parts (a soak) are added as functions of their own and named in ``PARTS``.
 """
 
 from __future__ import annotations
@@ -57,7 +62,20 @@ def fuzz_part(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-PARTS: dict[str, Callable[[argparse.Namespace], dict[str, object]]] = {"fuzz": fuzz_part}
+def kills_part(args: argparse.Namespace) -> dict[str, object]:
+    """The controller killed under load (``benchmarks/reliability_kills.py``)."""
+    from benchmarks import reliability_kills
+
+    argv = ["--minutes", str(args.kill_minutes), "--nodes", str(args.nodes)]
+    argv += ["--queued", str(args.queued), "--long", str(args.long)]
+    rc = reliability_kills.main(argv)
+    return {"minutes": args.kill_minutes, "problems": [] if rc == 0 else ["ledger mismatch"]}
+
+
+PARTS: dict[str, Callable[[argparse.Namespace], dict[str, object]]] = {
+    "fuzz": fuzz_part,
+    "kills": kills_part,
+}
 
 
 def main() -> None:
@@ -67,6 +85,10 @@ def main() -> None:
     parser.add_argument(
         "--examples", type=int, default=20, help="cases per operation and token, each round"
     )
+    parser.add_argument("--kill-minutes", type=float, default=2.0)
+    parser.add_argument("--nodes", type=int, default=8, help="kills: local nodes")
+    parser.add_argument("--queued", type=int, default=1000, help="kills: jobs kept queued")
+    parser.add_argument("--long", type=int, default=3, help="kills: long-running jobs")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     results = {part: PARTS[part](args) for part in args.part}
