@@ -137,6 +137,13 @@ class TrainpodCallback(OnExceptionCheckpoint):
             )
             self._dirpath_given = True
         self._watcher.preempted()  # installs the notice handler now, from the main thread
+        if trainer.is_global_zero:  # what Lightning took the world from (SLURM_* would mislead)
+            env = getattr(trainer.strategy, "cluster_environment", None)
+            print(
+                f"trainpod: Lightning's cluster environment is {type(env).__name__}, "
+                f"world size {trainer.world_size}",
+                flush=True,
+            )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_t = time.monotonic()
