@@ -1,11 +1,11 @@
 """An unmodified PyTorch Lightning script (examples/lightning/train.py) on a real 2-node local
 cluster, run through ``python -m trainpod.integrations.lightning``: Lightning takes its world
 from torchrun's environment (TorchElasticEnvironment, world size 2); after a rank is killed
-halfway, ``--auto-resume`` brings it back from its own ``last.ckpt`` (handed to ``fit`` as
-``ckpt_path``) and it ends with exactly the loss of an undisturbed run beside it; the
-integration's beacons show in ``trainpod jobs show`` and in the job's TensorBoard dir; a
-preemption notice makes Lightning save ``last-trainpod.ckpt`` at once, the rank stops, and the
-job resumes from that save.
+past the step-15 checkpoint of 40, ``--auto-resume`` brings it back from its own
+``last.ckpt`` (handed to ``fit`` as ``ckpt_path``) and it ends with exactly the loss of an
+undisturbed run beside it; the integration's beacons show in ``trainpod show`` and in the
+job's TensorBoard dir; a preemption notice makes Lightning save ``last-trainpod.ckpt`` at
+once, the rank stops, and the job resumes from that save.
 
 Lightning's import takes ~10-30 s a rank on this box: two tests, two attempts each."""
 
@@ -28,6 +28,10 @@ from trainpod.testing.wait import wait_until
 pytestmark = pytest.mark.integration
 SCRIPT = Path(__file__).parents[2] / "examples" / "lightning" / "train.py"
 STEPS, EVERY = 40, 5
+FAULT_AFTER = 15
+"""The fault comes after the checkpoint of this step: 25 steps before the end, each at least
+STEP_TIME (the script sleeps that long per step), leave time to inject it on a busy box."""
+STEP_TIME = 0.5
 FINAL = re.compile(r"^world_size=(\d+) step=(\d+) final_loss=(\S+)$", re.MULTILINE)
 
 
@@ -64,15 +68,17 @@ def test_a_killed_lightning_script_resumes_from_its_last_ckpt_with_the_same_loss
     cluster = make_cluster(workers=4)
     work = cluster.workdir
     reference = cluster.submit(command(work / "ref", 0.0), nodes=2, procs_per_node=1)
-    job = cluster.submit(command(work / "ckpt", 0.4), nodes=2, procs_per_node=1, auto_resume=True)
+    job = cluster.submit(
+        command(work / "ckpt", STEP_TIME), nodes=2, procs_per_node=1, auto_resume=True
+    )
 
-    def halfway() -> dict[str, Any] | None:  # a checkpoint at step 20 is written
+    def halfway() -> dict[str, Any] | None:  # a checkpoint at step 15 is written
         p = progress(cluster, job.id)
-        return p if (p.get("last_checkpoint_step") or 0) >= STEPS // 2 else None
+        return p if (p.get("last_checkpoint_step") or 0) >= FAULT_AFTER else None
 
-    wait_until(halfway, timeout_s=150, what=f"job {job.id} past its step-20 checkpoint")
+    wait_until(halfway, timeout_s=150, what=f"job {job.id} past its step-15 checkpoint")
     shown = json.loads(cluster.cli("show", str(job.id), "--json").stdout)["progress"]
-    assert shown["ranks"] == 2 and shown["last_step"] > STEPS // 2, shown
+    assert shown["ranks"] == 2 and shown["last_step"] >= FAULT_AFTER, shown
     (node,) = [n for n in cluster.client.job(job.id).attempts[0].nodes[1:]]
     cluster.client.chaos(ChaosRequest(node=node, fault="kill-worker"))
 
@@ -99,7 +105,7 @@ def test_a_preemption_notice_makes_lightning_save_and_the_job_resume_from_that_s
     cluster: Cluster,
 ) -> None:
     ckpt = cluster.workdir / "ckpt"
-    job = cluster.submit(command(ckpt, 0.4), nodes=2, procs_per_node=1)
+    job = cluster.submit(command(ckpt, STEP_TIME), nodes=2, procs_per_node=1)
     wait_until(
         lambda: (progress(cluster, job.id).get("last_step") or 0) > EVERY + 2,
         timeout_s=150,

@@ -137,8 +137,8 @@ class TrainpodCallback(OnExceptionCheckpoint):
             )
             self._dirpath_given = True
         self._watcher.preempted()  # installs the notice handler now, from the main thread
-        if trainer.is_global_zero:  # what Lightning took the world from (SLURM_* would mislead)
-            env = getattr(trainer.strategy, "cluster_environment", None)
+        env = getattr(trainer.strategy, "cluster_environment", None)
+        if env is not None and trainer.is_global_zero:  # where Lightning took the world from
             print(
                 f"trainpod: Lightning's cluster environment is {type(env).__name__}, "
                 f"world size {trainer.world_size}",
