@@ -1,8 +1,9 @@
 """The unmodified Lightning script (examples/lightning/train.py) on the real Slurm of the test
 setup: each rank runs inside a Slurm job, yet Lightning takes its world from trainpod's
 torchrun environment (TorchElasticEnvironment, world size 2), not from ``SLURM_*`` (the agent
-scrubs those a framework derives ranks from); killed halfway, ``--auto-resume`` brings it back
-from its own ``last.ckpt`` and it ends with exactly the loss of an undisturbed run beside it."""
+scrubs those a framework derives ranks from); killed past its step-15 checkpoint,
+``--auto-resume`` brings it back from its own ``last.ckpt`` and it ends with exactly the loss
+of an undisturbed run beside it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_lightning import EVERY, FINAL, SCRIPT, STEPS
+from tests.integration.test_lightning import EVERY, FAULT_AFTER, FINAL, SCRIPT, STEP_TIME, STEPS
 from tests.slurm.conftest import SlurmCI
 from tests.slurm.test_slurm_backend import SPEC, SlurmCluster, slurm_cluster
 from trainpod.api.models import ChaosRequest, JobInfo
@@ -43,13 +44,15 @@ def test_lightning_on_slurm_takes_trainpods_world_and_resumes_from_last_ckpt(
 ) -> None:
     work = cluster.workdir
     ref = cluster.submit(command(work / "ref", 0.0), nodes=2, procs_per_node=1)
-    job = cluster.submit(command(work / "ckpt", 0.4), nodes=2, procs_per_node=1, auto_resume=True)
+    job = cluster.submit(
+        command(work / "ckpt", STEP_TIME), nodes=2, procs_per_node=1, auto_resume=True
+    )
 
     def halfway() -> JobInfo | None:
         j = cluster.client.job(job.id)
-        return j if ((j.progress or {}).get("last_checkpoint_step") or 0) >= STEPS // 2 else None
+        return j if ((j.progress or {}).get("last_checkpoint_step") or 0) >= FAULT_AFTER else None
 
-    running = wait_until(halfway, timeout_s=240, what=f"job {job.id}'s step-20 checkpoint")
+    running = wait_until(halfway, timeout_s=240, what=f"job {job.id}'s step-15 checkpoint")
     cluster.client.chaos(ChaosRequest(node=running.attempts[-1].nodes[1], fault="kill-worker"))
     done = cluster.wait_job(job.id, timeout_s=240)
     undisturbed = cluster.wait_job(ref.id, timeout_s=120)
