@@ -61,7 +61,7 @@ def scalars(run: Path, tag: str) -> list[int]:
     return [e.step for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)
 def test_a_killed_lightning_script_resumes_from_its_last_ckpt_with_the_same_loss(
     make_cluster: Callable[..., Cluster],
 ) -> None:
@@ -82,7 +82,7 @@ def test_a_killed_lightning_script_resumes_from_its_last_ckpt_with_the_same_loss
     (node,) = [n for n in cluster.client.job(job.id).attempts[0].nodes[1:]]
     cluster.client.chaos(ChaosRequest(node=node, fault="kill-worker"))
 
-    done = cluster.wait_job(job.id, timeout_s=150)
+    done = cluster.wait_job(job.id, timeout_s=240)
     ref = cluster.wait_job(reference.id, timeout_s=60)
     assert (done.state, ref.state) == ("completed", "completed"), (done.reason, ref.reason)
     assert [a.cause for a in done.attempts][:1] == ["crash"] and len(done.attempts) == 2
@@ -100,7 +100,7 @@ def test_a_killed_lightning_script_resumes_from_its_last_ckpt_with_the_same_loss
     assert scalars(logdir / "lightning", "loss") == list(range(1, STEPS + 1))
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)
 def test_a_preemption_notice_makes_lightning_save_and_the_job_resume_from_that_save(
     cluster: Cluster,
 ) -> None:
@@ -112,7 +112,7 @@ def test_a_preemption_notice_makes_lightning_save_and_the_job_resume_from_that_s
         what=f"job {job.id} past step {EVERY + 2}",
     )
     cluster.client.preempt(job.id, "a test needs the nodes", grace_s=60)
-    done = cluster.wait_job(job.id, timeout_s=200)
+    done = cluster.wait_job(job.id, timeout_s=270)
     assert done.state == "completed", done.reason
     first, second = done.attempts
     assert (first.cause, second.state) == ("preempted", "succeeded")
