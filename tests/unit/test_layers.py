@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
     {"trainpod.spec"},
     {"trainpod.api.models", "trainpod.store", "trainpod.ckpt", "trainpod.elastic"},
     {"trainpod.client", "trainpod.telemetry"},
-    {"trainpod.agent", "trainpod.controller"},
+    {"trainpod.agent", "trainpod.controller", "trainpod.integrations"},
     {"trainpod.dashboard"},
     {"trainpod.slurm", "trainpod.api"},
     {"trainpod.backends", "trainpod.testing"},
