@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
         "trainpod.procutil",
         "trainpod.notice",
         "trainpod.api.devices",
+        "trainpod.resume",
     },
     {"trainpod.paths"},
     {"trainpod.spec"},
@@ -34,7 +35,7 @@ LAYERS: list[set[str]] = [
     {"trainpod.dashboard"},
     {"trainpod.slurm", "trainpod.api"},
     {"trainpod.backends", "trainpod.testing"},
-    {"trainpod.controller.daemon", "trainpod.cli", "trainpod"},
+    {"trainpod.controller.daemon", "trainpod.cli", "trainpod", "trainpod.integrations"},
 ]
 UNITS = {unit: level for level, units in enumerate(LAYERS) for unit in units}
 

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trainpod import resume
+
 _SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE")
 
 _RESERVED_ENV = (
@@ -114,6 +116,12 @@ class JobSpec(BaseModel):
                 "has no training loop to recover: leave --recovery out"
             )
         return self
+
+    @field_validator("command")
+    @classmethod
+    def _resume_placeholder(cls, value: list[str]) -> list[str]:
+        resume.check_command(value)  # ``{resume:DIR}`` (ADR 0030)
+        return value
 
     @field_validator("time_limit")
     @classmethod
