@@ -77,6 +77,7 @@ class TrainpodCallback(TrainerCallback):
         self._tb_dir = Path(tb) / TENSORBOARD_RUN if tb else None
         self._writer: SummaryWriter | None = None
         self._pending: dict[str, float] = {}  # this step's beacon, until HF logs its loss
+        self._last: dict[str, float] = {}  # the last beacon's metrics but its tokens
         self._tokens_seen = 0
         self.saved_on_notice: int | None = None  # the step it asked HF to save at
 
@@ -136,12 +137,14 @@ class TrainpodCallback(TrainerCallback):
     def _report(self, step: int) -> None:
         if self._pending:
             beacon.report(step, **self._pending)
+            self._last = {k: v for k, v in self._pending.items() if k != "tokens"}
             self._pending = {}
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        beacon.report(state.global_step, checkpoint_step=state.global_step)
+        # The agent keeps a rank's last metrics: repeat the loss (not the additive tokens).
+        beacon.report(state.global_step, **self._last, checkpoint_step=state.global_step)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
