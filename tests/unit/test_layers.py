@@ -25,16 +25,17 @@ LAYERS: list[set[str]] = [
         "trainpod.procutil",
         "trainpod.notice",
         "trainpod.api.devices",
+        "trainpod.resume",
     },
     {"trainpod.paths"},
     {"trainpod.spec"},
     {"trainpod.api.models", "trainpod.store", "trainpod.ckpt", "trainpod.elastic"},
     {"trainpod.client", "trainpod.telemetry"},
-    {"trainpod.agent", "trainpod.controller", "trainpod.integrations"},
+    {"trainpod.agent", "trainpod.controller"},
     {"trainpod.dashboard"},
     {"trainpod.slurm", "trainpod.api"},
     {"trainpod.backends", "trainpod.testing"},
-    {"trainpod.controller.daemon", "trainpod.cli", "trainpod"},
+    {"trainpod.controller.daemon", "trainpod.cli", "trainpod", "trainpod.integrations"},
 ]
 UNITS = {unit: level for level, units in enumerate(LAYERS) for unit in units}
 

@@ -35,7 +35,7 @@ from typing import BinaryIO
 
 import psutil
 
-from trainpod import notice, procutil
+from trainpod import notice, procutil, resume
 from trainpod.agent.accounts import AccountError, RunAs, run_as
 from trainpod.agent.jobsockets import AccountSockets
 from trainpod.agent.warmstart import WarmProcess, WarmStarter
@@ -188,6 +188,11 @@ class Launcher:
             RankProcess(slot.rank, slot.local_rank, log_path=log_dir / f"rank-{slot.rank}.log")
             for slot in order.ranks
         ]
+        # ``{resume:DIR}``: the script's own newest complete checkpoint, read once for the
+        # node's ranks (ADR 0030), now that every rank of the last attempt has ended.
+        world = int(order.env.get("WORLD_SIZE", "0")) or None
+        filled = resume.expand(order.argv, cwd=order.workdir, world_size=world)
+        order = order.model_copy(update={"argv": filled.argv})
         with self._lock:
             if order.attempt_id in self._seen:
                 return False
@@ -195,6 +200,10 @@ class Launcher:
             run = AttemptRun(order, ranks)
             self._runs[order.attempt_id] = run
         log_dir.mkdir(parents=True, exist_ok=True)
+        if filled.said:  # the first line of each rank's log says what was filled in
+            for rp in ranks:
+                with _open_log(rp.log_path, private=order.account is not None) as out:
+                    out.write(f"trainpod: {filled.said}\n".encode())
         for rp in ranks:
             with self._lock:
                 if run.killing:  # stopped while its first ranks started: never start the rest

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trainpod import resume
+
 _SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE")
 
 _RESERVED_ENV = (
@@ -149,6 +151,7 @@ class JobSpec(BaseModel):
     def _command_text(cls, argv: list[str]) -> list[str]:
         for i, arg in enumerate(argv):
             _text(arg, f"argument {i} of the command", _NO_NUL, control=False)
+        resume.check_command(argv)  # ``{resume:DIR}`` (ADR 0030)
         return argv
 
     @field_validator("name")
