@@ -20,6 +20,11 @@ from pydantic import BaseModel, ConfigDict
 
 from trainpod.errors import NotFound
 
+STATE_DIR_ENV = "TRAINPOD_STATE_DIR"
+"""The cluster's state dir, in the environment of every process a local cluster starts (its
+workers included: the agent passes it on explicitly), so a delete finds them all
+(:func:`trainpod.backends.procs.sweep`)."""
+
 
 def trainpod_home() -> Path:
     return Path(os.environ.get("TRAINPOD_HOME") or Path.home() / ".trainpod").absolute()

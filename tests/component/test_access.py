@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from trainpod.controller.access import HIDDEN
 from trainpod.controller.views import FROZEN_AFTER_S
 from trainpod.spec.sharing import PriorityClassSpec, TeamSpec, UserSpec
+from trainpod.store.secrets import JobSecrets
 from trainpod.testing import FakeClock, make_config
 
 from .conftest import Cluster, bearer, issue_tokens
@@ -229,3 +230,40 @@ def test_env_values_are_the_owners_and_admins_others_see_the_keys(s: Shared) -> 
     assert "hf_secret" not in s.http.get("/v1/events", headers=s.as_("bob")).text
     # Not a refusal: nothing is recorded.
     assert denials(s) == []
+
+
+def test_secret_env_values_reach_the_launch_order_only(s: Shared) -> None:
+    """ADR 0032: the values go apart; views show the names masked to the owner and admins,
+    nothing to others; the launch order (the agent's) has them; the job's end forgets them."""
+    job_id = submit(s, "alice", secret_env={"HF_TOKEN": "hf_canary"}, env={"SEED": "7"})
+    masked = {"HF_TOKEN": "***"}
+    for who in (s.as_("alice"), s.as_("carol"), OPERATOR):
+        assert s.http.get(f"/v1/jobs/{job_id}", headers=who).json()["spec"]["secret_env"] == masked
+    theirs = s.http.get(f"/v1/jobs/{job_id}", headers=s.as_("bob")).json()["spec"]
+    assert theirs["secret_env"] == {} and theirs["env"] == {"SEED": HIDDEN}
+    plan = s.http.post("/v1/jobs:plan", json=job(secret_env={"K": "v1"}), headers=s.as_("alice"))
+    assert plan.status_code == 200 and "v1" not in plan.text, plan.text
+
+    s.cluster.controller.step()
+    [(node, orders)] = [(n, o) for n, o in s.cluster.beat().items() if o.launch]
+    [launch] = orders.launch
+    assert launch.env["HF_TOKEN"] == "hf_canary" and launch.env["SEED"] == "7"
+    for route in ("/v1/events", "/v1/jobs"):
+        assert "hf_canary" not in s.http.get(route, headers=OPERATOR).text
+    agent = s.cluster.agents[node]
+    agent.start_ranks(orders)
+    agent.beat()
+    agent.exit_all(launch.attempt_id, code=0)
+    agent.beat()
+    s.cluster.controller.step()
+    assert s.http.get(f"/v1/jobs/{job_id}", headers=OPERATOR).json()["state"] == "completed"
+    assert JobSecrets(s.cluster.controller.store).get(job_id) == {}  # forgotten at its end
+
+
+def test_a_secret_also_given_as_env_or_a_contract_variable_is_refused(s: Shared) -> None:
+    r = s.http.post(
+        "/v1/jobs", json=job(env={"K": "a"}, secret_env={"K": "b"}), headers=s.as_("alice")
+    )
+    assert r.status_code == 422 and "K given both with --env and --secret-env" in r.text
+    r = s.http.post("/v1/jobs", json=job(secret_env={"RANK": "3"}), headers=s.as_("alice"))
+    assert r.status_code == 422 and "--secret-env may not set RANK" in r.text

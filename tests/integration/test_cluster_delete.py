@@ -81,8 +81,11 @@ def test_delete_during_a_node_repair_leaves_no_process_behind(
         )
     before = survivors(state_dir)
     assert before, "the cluster's processes are not found by their marker"
+    assert c.paths.runtime_dir.is_dir()  # the agents' sockets
 
     c.cli("cluster", "delete", c.paths.name, "--purge")
 
     left = survivors(state_dir)
     assert not left, "\n".join(["still running after the delete:", *left])
+    # Nor its sockets' dir (/tmp/trainpod-<hash>/): ~1,800 were left on one box.
+    assert not c.paths.runtime_dir.exists(), sorted(c.paths.runtime_dir.iterdir())

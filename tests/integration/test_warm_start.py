@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.conftest import Cluster
 from trainpod.agent.launcher import Launcher
-from trainpod.agent.warmstart import WarmStarter
+from trainpod.agent.warmstart import WarmStarter, agents_zygote_env
 from trainpod.api.models import LaunchOrder, RankReport, RankSlot
 from trainpod.controller.ports import free_port
 from trainpod.testing.wait import wait_until
@@ -31,7 +31,7 @@ READY = re.compile(r"warm-start server \(pid \d+\) ready")
 @pytest.fixture(scope="module")
 def warm() -> Iterator[WarmStarter]:
     short = Path(tempfile.mkdtemp(prefix="tpz-"))  # a Unix socket path must stay short
-    w = WarmStarter(socket_path=short / "z.sock", log_path=short / "z.log", env=os.environ)
+    w = WarmStarter(socket_path=short / "z.sock", log_path=short / "z.log", env=agents_zygote_env())
     w.start()
     wait_until(lambda: w.ready, timeout_s=120, what="the zygote to import torch")
     yield w

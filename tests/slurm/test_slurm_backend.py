@@ -8,6 +8,7 @@ exact only when no step was lost or done twice across restarts.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import subprocess
@@ -165,6 +166,34 @@ def test_a_two_node_job_runs_through_sbatch_and_completes(cluster: SlurmCluster)
     assert sj["name"] == f"tp-sl-{job.id}"
     kinds = [k for k, _ in cluster.events(job.id)]
     assert "external_submitted" in kinds and "node_allocated" in kinds
+
+
+def test_a_secret_env_value_reaches_the_ranks_but_not_the_batch_script(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """ADR 0032: the agents get the value in their launch orders, inside the allocation; it
+    is in neither the script sbatch stored nor the job Slurm shows."""
+    canary = "slurm_secret_canary_3c9d"
+    show = "import hashlib, os; print('got', hashlib.sha256(os.environ['K'].encode()).hexdigest())"
+    spec = JobSpec(
+        command=[sys.executable, "-c", show],
+        env=default_env(),
+        secret_env={"K": canary},
+        workdir=str(cluster.workdir),
+        procs_per_node=1,
+    )
+    job = cluster.client.submit(spec)
+    done = cluster.wait_job(job.id)
+    log = cluster.client.logs(job.id, rank=0).data
+    assert done.state == "completed", log
+    assert f"got {hashlib.sha256(canary.encode()).hexdigest()}" in log, log
+    assert job.external
+    out = tmp_path / "batch.sh"
+    cluster.slurm.run("scontrol", "write", "batch_script", job.external, str(out))
+    script = out.read_text()
+    assert "trainpod.agent.main" in script and canary not in script
+    shown = cluster.slurm.run("scontrol", "show", "job", "-d", job.external, check=False)
+    assert canary not in shown.stdout + shown.stderr
 
 
 def test_dry_run_prints_the_batch_script(cluster: SlurmCluster) -> None:

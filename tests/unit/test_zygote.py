@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from trainpod.agent.launcher import Launcher, Notice, ignore_notice_signal
-from trainpod.agent.warmstart import WarmStarter, plan
+from trainpod.agent.warmstart import WarmStarter, agents_zygote_env, plan
 from trainpod.agent.zygote import Plan
 from trainpod.api.models import LaunchOrder, RankReport, RankSlot
 from trainpod.testing.wait import wait_until
@@ -114,7 +114,7 @@ def short() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def warm() -> Iterator[WarmStarter]:
     with tempfile.TemporaryDirectory(prefix="tpz-") as d:
-        w = starter(Path(d), os.environ, [])
+        w = starter(Path(d), agents_zygote_env(), [])
         wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
         yield w
         w.close()
@@ -346,7 +346,7 @@ def test_the_servers_finalizers_do_not_run_at_a_warm_ranks_exit(
         "weakref.finalize(LIB, print, 'server finalizer ran')\n"
     )
     path = os.pathsep.join([str(short), *filter(None, [os.environ.get("PYTHONPATH")])])
-    w = starter(short, {**os.environ, "PYTHONPATH": path}, ["tp_zfin"])
+    w = starter(short, {**agents_zygote_env(), "PYTHONPATH": path}, ["tp_zfin"])
     run = Run(w, tmp_path, caplog)
     try:
         wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
@@ -373,7 +373,9 @@ def test_a_preloaded_trainpod_reads_the_ranks_environment(
 ) -> None:
     # trainpod is preloaded by default: its notice and beacon read the environment on their
     # first call, in the rank, so each rank sees its own notice file, not the server's.
-    w = starter(short, {**os.environ, "TRAINPOD_NOTICE_FILE": str(short / "zyg")}, ["trainpod"])
+    w = starter(
+        short, {**agents_zygote_env(), "TRAINPOD_NOTICE_FILE": str(short / "zyg")}, ["trainpod"]
+    )
     run = Run(w, tmp_path, caplog)
     try:
         wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
@@ -401,7 +403,7 @@ def test_a_preloaded_trainpod_reads_the_ranks_environment(
 def test_a_dead_zygote_means_cold_starts_until_it_is_back(
     tmp_path: Path, short: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    w = starter(short, os.environ, [], restart_delay_s=3.0)  # room to see a cold start
+    w = starter(short, agents_zygote_env(), [], restart_delay_s=3.0)  # room to see a cold start
     run = Run(w, tmp_path, caplog)
     try:
         wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
@@ -437,7 +439,7 @@ def test_the_zygote_refuses_to_fork_with_a_thread_running(tmp_path: Path, short:
         "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True)"
         ".start()\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(short)}
+    env = {**agents_zygote_env(), "PYTHONPATH": str(short)}
     w = starter(short, env, ["spinner"])
     try:
         wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
@@ -452,7 +454,7 @@ def test_the_zygote_refuses_to_fork_with_a_thread_running(tmp_path: Path, short:
 
 def test_closing_while_preloading_does_not_wait_for_the_imports(short: Path) -> None:
     (short / "slow.py").write_text("import time\ntime.sleep(600)\n")
-    w = starter(short, {**os.environ, "PYTHONPATH": str(short)}, ["slow"])
+    w = starter(short, {**agents_zygote_env(), "PYTHONPATH": str(short)}, ["slow"])
     pid: int = wait_until(lambda: w.pid, timeout_s=30, what="the zygote to start")
     assert not w.ready
     w.close(timeout_s=600)  # would block for 600 s if it waited for the zygote
@@ -481,7 +483,7 @@ def test_a_notice_then_its_grace_then_teardown_warm_and_cold(
     the grace, then SIGTERM, and the notice file is there for both."""
     previous = signal.getsignal(signal.SIGUSR1)
     ignore_notice_signal(signal.SIGUSR1)
-    w = starter(short, os.environ, [])
+    w = starter(short, agents_zygote_env(), [])
     try:
         wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
         run = Run(w, tmp_path, caplog)

@@ -20,6 +20,7 @@ import os
 import pwd
 import stat
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trainpod.agent.unixsock import trusted_uids
@@ -41,10 +42,14 @@ class RunAs:
     home: str
     shell: str
 
-    def env(self, base: dict[str, str]) -> dict[str, str]:
+    def env(self, base: dict[str, str], *, kept: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment for a process of this account: ``base`` (the job's and the
-        node's variables) over a clean one, never the agent's."""
-        clean = {k: os.environ[k] for k in _KEPT if k in os.environ}
+        node's variables) over a clean one, never the agent's. ``kept``: what of the
+        agent's environment to keep (a rank's: the spec's ``env_allow``); None: PATH, LANG,
+        LC_ALL, TZ and TERM."""
+        if kept is None:
+            kept = {k: os.environ[k] for k in _KEPT if k in os.environ}
+        clean = {k: v for k, v in kept.items() if k not in ("HOME", "USER", "LOGNAME", "SHELL")}
         return {
             **clean,
             **base,

@@ -24,11 +24,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -43,11 +44,36 @@ from trainpod.api.models import AttemptReport, KillOrder, LaunchOrder, RankRepor
 from trainpod.elastic import protocol as elastic_protocol
 from trainpod.elastic.protocol import Recover
 from trainpod.errors import Fatal
+from trainpod.paths import STATE_DIR_ENV
+from trainpod.spec.workerenv import DEFAULT_ENV_ALLOW, allowed
+
+#: trainpod's own variables of the agent's environment that its workers keep: the cluster's
+#: state dir (how a delete finds every process of the cluster) and, inside Slurm, the
+#: allocation's job id and the node name Slurm gave.
+TRAINPOD_INHERITED = (STATE_DIR_ENV, "TRAINPOD_SLURM_JOB_ID", "SLURM_JOB_ID", "SLURMD_NODENAME")
 
 log = logging.getLogger(__name__)
 
 TAIL_BYTES = 4096
 TAIL_LINES = 30
+
+
+def inheritance(environ: Mapping[str, str], allow: Iterable[str]) -> dict[str, str]:
+    """What of the agent's environment ``environ`` its workers get: the variables the spec's
+    ``env_allow`` (``allow``) names, and trainpod's own (:data:`TRAINPOD_INHERITED`).
+    Nothing else: the agent's environment is that of whoever created the cluster."""
+    ours = {k: environ[k] for k in TRAINPOD_INHERITED if k in environ}
+    return {**allowed(environ, allow), **ours}
+
+
+def _agent_account() -> dict[str, str]:
+    """HOME, USER and LOGNAME of the account the agent (and so a rank of no account) runs
+    as, from the password database: never whatever the agent's environment says."""
+    try:
+        pw = pwd.getpwuid(os.getuid())
+    except KeyError:  # a uid with no entry (a container's): nothing to say
+        return {}
+    return {"HOME": pw.pw_dir, "USER": pw.pw_name, "LOGNAME": pw.pw_name}
 
 
 def log_tail(path: Path, max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LINES) -> str:
@@ -161,14 +187,21 @@ class Launcher:
         *,
         node_env: dict[str, str],
         on_change: Callable[[], None],
+        inherited: Mapping[str, str] | None = None,
         warm: WarmStarter | None = None,
         accounts: AccountSockets | None = None,
     ) -> None:
         """``node_env``: variables every worker on this node gets (node name, scratch, devices).
 
+        ``inherited``: what of the agent's own environment workers get (see
+        :func:`inheritance`); nothing else of it reaches them. None: the default allow-list.
+
         ``warm``: starts ranks warm where it can; the launcher closes it in :meth:`shutdown`.
         ``accounts``: the beacon and checkpoint sockets of ranks that run as an account."""
         self._node_env = node_env
+        self._inherited = dict(
+            inheritance(os.environ, DEFAULT_ENV_ALLOW) if inherited is None else inherited
+        )
         self._on_change = on_change
         self._warm = warm
         self._accounts = accounts
@@ -220,7 +253,7 @@ class Launcher:
             LOCAL_RANK=str(rp.local_rank),
             ROLE_RANK=str(rp.rank),
             PYTHONUNBUFFERED=job_env.get(
-                "PYTHONUNBUFFERED", os.environ.get("PYTHONUNBUFFERED", "1")
+                "PYTHONUNBUFFERED", self._inherited.get("PYTHONUNBUFFERED", "1")
             ),
         )
         scratch = self._job_scratch(order)
@@ -228,7 +261,7 @@ class Launcher:
         job_env[notice.ENV_FILE] = str(self._notice_file(order))
         if job_env.get(elastic_protocol.ENV_RECOVERY) == elastic_protocol.IN_PROCESS:
             job_env[elastic_protocol.ENV_FILE] = str(elastic_protocol.recover_file(scratch))
-        env = {**os.environ, **job_env}
+        env = {**self._inherited, **_agent_account(), **job_env}
         rp.started_at = time.time()
         with _open_log(rp.log_path, private=order.account is not None) as out:
             try:
@@ -236,7 +269,10 @@ class Launcher:
                 if order.account is not None:  # the owner's account: cold, with its env only
                     account = run_as(order.account)
                     account.own(scratch, private=True)
-                    env = account.env({**job_env, **self._account_sockets(order, account)})
+                    env = account.env(
+                        {**job_env, **self._account_sockets(order, account)},
+                        kept=self._inherited,
+                    )
                     rp.proc = subprocess.Popen(
                         order.argv,
                         cwd=order.workdir,

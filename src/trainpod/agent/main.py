@@ -20,14 +20,14 @@ from trainpod.agent.checks import build_checks
 from trainpod.agent.devices import DeviceTelemetry, device_reader
 from trainpod.agent.facts import device_facts, node_facts
 from trainpod.agent.jobsockets import AccountSockets
-from trainpod.agent.launcher import Launcher, Notice, ignore_notice_signal
+from trainpod.agent.launcher import Launcher, Notice, ignore_notice_signal, inheritance
 from trainpod.agent.lifecycle import LifecycleRunner, Script
 from trainpod.agent.monitor import DeepChecker, HealthMonitor, deep_runner
 from trainpod.agent.persisters import CheckpointHub
 from trainpod.agent.slurmnotice import ENV as SLURM_NOTICE_ENV
 from trainpod.agent.slurmnotice import SlurmNoticeWatch, ask_slurm
 from trainpod.agent.tensorboard import TensorBoardTap
-from trainpod.agent.warmstart import WarmStarter
+from trainpod.agent.warmstart import WarmStarter, zygote_env
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import NotFound
 from trainpod.notice import ENV_SIGNAL, parse_signal
@@ -142,14 +142,21 @@ def main(argv: list[str] | None = None) -> None:
     # Warm starts: a zygote that has imported torch forks ranks (it warms up in the
     # background; until then ranks start cold). TRAINPOD_WARM_START=0 turns it off.
     warm = None
+    inherited = inheritance(os.environ, spec.env_allow)  # nothing else of ours (ADR 0032)
     if os.environ.get("TRAINPOD_WARM_START", "1") != "0":
         warm = WarmStarter(
             socket_path=paths.runtime_dir / f"{args.node}.zygote.sock",
             log_path=node_dir / "zygote.log",
-            env={**os.environ, **node_env},
+            env={**zygote_env(os.environ, inherited), **node_env},
         )
         warm.start()
-    launcher = Launcher(node_env=node_env, on_change=on_change, warm=warm, accounts=accounts)
+    launcher = Launcher(
+        node_env=node_env,
+        on_change=on_change,
+        inherited=inherited,
+        warm=warm,
+        accounts=accounts,
+    )
     gpu_state = None if gpus else node_dir / "simgpu.json"
     quota = spec.storage.node_scratch_quota_gib
     checks = build_checks(

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainpod.agent.zygote import READY, Plan
+from trainpod.spec.workerenv import DEFAULT_ENV_ALLOW, allowed
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,24 @@ LOAD_TIME_PREFIXES: tuple[str, ...] = (
     *("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_"),
 )
 APPLIED_IN_CHILD = {"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONBREAKPOINT", "PYTHONSTARTUP"}
+
+
+def zygote_env(environ: Mapping[str, str], inherited: Mapping[str, str]) -> dict[str, str]:
+    """The zygote's own environment: the agent's ``environ`` (the zygote is trainpod's; it
+    needs, say, the agent's PYTHONPATH to import trainpod) less the load-time variables its
+    ranks do not inherit (``inherited``: the spec's ``env_allow``), so that a rank whose
+    environment is built from the allow-list can start warm."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if not k.startswith(LOAD_TIME_PREFIXES) or k in APPLIED_IN_CHILD or k in inherited
+    }
+
+
+def agents_zygote_env() -> dict[str, str]:
+    """:func:`zygote_env` of this process's environment and the default ``env_allow``: what
+    an agent started here with a spec that sets none gives its zygote (before node_env)."""
+    return zygote_env(os.environ, allowed(os.environ, DEFAULT_ENV_ALLOW))
 
 
 def plan(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
+import anyio.to_thread
 from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
@@ -47,6 +49,7 @@ from trainpod.api.models import (
     UserInfo,
     Whoami,
 )
+from trainpod.api.throttle import AuthThrottle
 from trainpod.controller.access import AGENT, Action, Principal, operator
 from trainpod.controller.core import Controller
 from trainpod.controller.launch import rank_log_path, read_log_chunk
@@ -93,10 +96,13 @@ def create_app(
     info: Callable[[], ClusterInfo],
     scrape_token: str = "",
     on_shutdown: Callable[[], None] | None = None,
+    throttle: AuthThrottle | None = None,
 ) -> FastAPI:
     """``scrape_token``: a read-only token that opens ``/metrics`` only (empty: none).
     ``on_shutdown``: run when the server stops serving (uvicorn re-raises a SIGTERM once it
-    has shut down, so code after ``uvicorn.run`` never runs then)."""
+    has shut down, so code after ``uvicorn.run`` never runs then).
+    ``throttle``: limits failed authentications per client address (default: 10 a minute,
+    loopback exempt; :mod:`trainpod.api.throttle`)."""
     beats = BeatRunner(controller)
     tokens = Tokens(
         admin_token=admin_token,
@@ -127,10 +133,20 @@ def create_app(
 
     # Added first, so it runs inside BearerAuth: the token is checked as for every call.
     app.add_middleware(HeartbeatRoute, runner=beats)
-    app.add_middleware(BearerAuth, tokens=tokens, scrape_token=scrape_token)
+    throttle = AuthThrottle() if throttle is None else throttle
+    app.add_middleware(
+        BearerAuth,
+        tokens=tokens,
+        scrape_token=scrape_token,
+        throttle=throttle,
+        on_throttled=lambda client, wait_s: controller.access.throttled(
+            client, throttle.max_failures, throttle.window_s, wait_s
+        ),
+    )
     mount_dashboard(app, controller, resolve=tokens.principal)  # /ui: the web dashboard
     registry = CollectorRegistry(auto_describe=False)
     registry.register(controller.metrics)
+    registry.register(throttle)
 
     @app.get(METRICS_PATH, include_in_schema=False)
     def metrics() -> Response:
@@ -369,14 +385,32 @@ class BearerAuth:
     A plain ASGI middleware: Starlette's ``@app.middleware("http")`` wraps every request and
     response in extra streams and tasks, a cost paid by every heartbeat of every agent."""
 
-    def __init__(self, app: ASGIApp, *, tokens: Tokens, scrape_token: str = "") -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        tokens: Tokens,
+        scrape_token: str = "",
+        throttle: AuthThrottle | None = None,
+        on_throttled: Callable[[str, float], None] = lambda *_: None,
+    ) -> None:
+        """``throttle``: failed authentications per client address (None: unlimited);
+        ``on_throttled(client, retry_after_s)``: records a client newly throttled (run in a
+        worker thread: it takes the controller's lock)."""
         self.app = app
         self._tokens = tokens
         self._scrape = scrape_token.encode()  # opens /metrics only; never the dashboard
+        self._throttle = throttle
+        self._on_throttled = on_throttled
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        client = str((scope.get("client") or ("?", 0))[0])
+        wait_s = self._throttle.retry_after(client) if self._throttle is not None else None
+        if wait_s is not None:
+            await _too_many(client, wait_s, self._throttle)(scope, receive, send)
             return
         header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         token = header[7:] if header[:7].lower() == b"bearer " else b""
@@ -402,6 +436,8 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         if who is None:
+            if self._throttle is not None and self._throttle.failed(client):
+                await anyio.to_thread.run_sync(self._on_throttled, client, self._throttle.window_s)
             status, error = 401, "Unauthorized"
             message = (
                 "a valid bearer token is required; the CLI reads it from TRAINPOD_TOKEN, "
@@ -418,6 +454,20 @@ class BearerAuth:
             message = f"{who.name} may not call the agent API: only node agents may"
         refused = JSONResponse({"error": error, "message": message}, status_code=status)
         await refused(scope, receive, send)
+
+
+def _too_many(client: str, wait_s: float, throttle: AuthThrottle | None) -> JSONResponse:
+    assert throttle is not None
+    retry = max(1, math.ceil(wait_s))
+    message = (
+        f"too many failed authentications from {client} ({throttle.max_failures} in "
+        f"{throttle.window_s:g} s); retry after {retry} s with a valid token"
+    )
+    return JSONResponse(
+        {"error": "TooManyRequests", "message": message},
+        status_code=429,
+        headers={"Retry-After": str(retry)},
+    )
 
 
 def caller(request: Request) -> Principal:

@@ -209,6 +209,10 @@ class LocalBackend(Backend):
         if purge:
             shutil.rmtree(record.shared_dir, ignore_errors=True)
         shutil.rmtree(self.paths.state_dir, ignore_errors=True)
+        # The agents' sockets (/tmp/trainpod-<hash>/, accounts' u<uid>/ dirs included): the
+        # processes that served them are gone (stop swept them), and a cluster made again
+        # under the same state dir makes it afresh.
+        shutil.rmtree(self.paths.runtime_dir, ignore_errors=True)
 
     def processes(self) -> list[ProcessStatus]:
         p = self.paths

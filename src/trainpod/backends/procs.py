@@ -14,10 +14,11 @@ from pathlib import Path
 import psutil
 
 from trainpod import procutil
+from trainpod.paths import STATE_DIR_ENV
 
 _children: list[subprocess.Popen[bytes]] = []
 
-MARKER_ENV = "TRAINPOD_STATE_DIR"
+MARKER_ENV = STATE_DIR_ENV
 """Set to the cluster's state dir in the environment of the controller and the agents that a
 local cluster starts, and so inherited by everything they start in turn (replacement agents,
 zygotes, ranks, deep checks and their device workers, persisters, lifecycle scripts, shells):

@@ -27,12 +27,14 @@ from trainpod.spec.job import JobSpec
 CLUSTER_OPT = typer.Option(None, "--cluster", "-c", help="cluster name (default: current)")
 
 
-def parse_env(pairs: list[str]) -> dict[str, str]:
+def parse_env(pairs: list[str], option: str = "--env") -> dict[str, str]:
     env: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SpecError(f"--env expects KEY=VALUE; got {pair!r}")
+            # A secret's value is not repeated in the message: it may be the whole pair.
+            got = "a value without '='" if option != "--env" else repr(pair)
+            raise SpecError(f"{option} expects KEY=VALUE; got {got}")
         env[key] = value
     return env
 
@@ -57,7 +59,30 @@ def _problem(error: Any) -> str:
     option = _OPTION.get(field, "--" + field.replace("_", "-"))
     if msg.startswith(option) or msg.startswith(("argument", "--env")):
         return msg
+    if field == "secret_env":  # never echo a secret
+        return f"{option}: {msg}"
     return f"{option}: {msg} (got {error.get('input')!r:.80})"
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """``--secret-env-file``: KEY=VALUE lines (blank lines and ``#`` comments skipped; the
+    value is the rest of the line, as written, no quotes removed)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"--secret-env-file {path}: cannot read it ({exc})") from None
+    env: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(
+                f"--secret-env-file {path}: line {number} is not KEY=VALUE; write one "
+                "variable a line (blank lines and # comments are skipped)"
+            )
+        env[key.strip()] = value
+    return env
 
 
 def default_env() -> dict[str, str]:
@@ -78,6 +103,14 @@ def submit(
     partition: str = typer.Option(None, "--partition"),
     name: str = typer.Option("", "--name"),
     env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE, repeatable"),
+    secret_env: list[str] = typer.Option(
+        [],
+        "--secret-env",
+        help="KEY=VALUE for the ranks only, repeatable: kept apart, shown as ***, never listed",
+    ),
+    secret_env_file: Path = typer.Option(
+        None, "--secret-env-file", help="KEY=VALUE lines, each as --secret-env"
+    ),
     workdir: Path = typer.Option(None, "--workdir", help="default: the current directory"),
     auto_resume: bool = typer.Option(False, "--auto-resume", help="recover from faults"),
     max_restarts: int = typer.Option(None, "--max-restarts"),
@@ -121,6 +154,10 @@ def submit(
         procs_per_node=procs_per_node,
         partition=partition,
         env={**default_env(), **parse_env(env)},
+        secret_env={
+            **(read_env_file(secret_env_file) if secret_env_file else {}),
+            **parse_env(secret_env, "--secret-env"),
+        },
         workdir=str((workdir or Path.cwd()).absolute()),
         user=getpass.getuser(),  # the controller makes the caller the owner whatever this says
         priority_class=priority_class,

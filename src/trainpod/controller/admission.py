@@ -12,6 +12,7 @@ from trainpod.controller.launch import launch_order
 from trainpod.controller.transitions import Transitions
 from trainpod.errors import SpecError
 from trainpod.spec.job import JobSpec
+from trainpod.store.secrets import MASKED
 
 
 @dataclass
@@ -58,6 +59,10 @@ class Admission:
     def plan(self, spec: JobSpec) -> LaunchPlan:
         """What a submission would launch if the job were placed now (under the lock)."""
         resolved = self.resolve(spec)
+        # A plan is shown: its secret env values masked, as in the job's spec once stored.
+        resolved = resolved.model_copy(
+            update={"secret_env": dict.fromkeys(resolved.secret_env, MASKED)}
+        )
         part = resolved.partition or self.cfg.default_partition
         external = self.scheduling.dry_run(resolved, part)
         if external is not None:

@@ -69,6 +69,7 @@ from trainpod.model.events import ControllerStepFailed, ControllerStepRecovered
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import JobRow, NodeRow
+from trainpod.store.secrets import JobSecrets
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class Controller:
         self._lock = lock = threading.RLock()
         self.wake = Wake(lock)
         self.wakeup = self.wake.step_due  # set when step() has work to do
-        self.tx = tx = Transitions(store, cfg, self.wake, ports)
+        self.tx = tx = Transitions(store, cfg, self.wake, ports, JobSecrets(store))
         self.scheduling = sched = scheduling(store, cfg, tx)
         self.beacons = beacons = BeaconBook()
         self.chaos_book = chaos = ChaosBook()

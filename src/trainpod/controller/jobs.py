@@ -21,6 +21,7 @@ from trainpod.scheduler.base import Preempt
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import JobRow
+from trainpod.store.secrets import MASKED
 
 _WAITING = (JobState.QUEUED, JobState.PREEMPTED)
 
@@ -37,9 +38,12 @@ class JobCommands:
     def submit(self, resolved: JobSpec, now: float) -> int:
         """Queue a job admitted and resolved by :class:`~trainpod.controller.admission.
         Admission`; returns its id."""
-        job_id = self.store.insert_job(
-            resolved.display_name(), resolved.model_dump(mode="json"), now
+        # The secret values go apart; the spec keeps their names, masked (ADR 0032).
+        stored = resolved.model_copy(
+            update={"secret_env": dict.fromkeys(resolved.secret_env, MASKED)}
         )
+        job_id = self.store.insert_job(stored.display_name(), stored.model_dump(mode="json"), now)
+        self.tx.secrets.put(job_id, resolved.secret_env)
         self.store.append(
             now,
             JobSubmitted(
@@ -52,8 +56,8 @@ class JobCommands:
                 auto_resume=resolved.auto_resume,
             ),
         )
-        self.scheduling.submitted(job_id, resolved, now)
-        self.allocations.submitted(job_id, resolved, now)
+        self.scheduling.submitted(job_id, stored, now)
+        self.allocations.submitted(job_id, stored, now)
         return job_id
 
     def cancel(self, job_id: int, now: float) -> JobRow:

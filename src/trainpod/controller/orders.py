@@ -143,6 +143,8 @@ class OrderDesk:
         spec = self.tx.spec(job)
         if "TRAINPOD_MTBF_S" not in spec.env and (mtbf := self._observed_mtbf(attempt)):
             spec = spec.model_copy(update={"env": {**mtbf, **spec.env}})
+        if spec.secret_env:  # the values, kept apart: for the ranks' env only (ADR 0032)
+            spec = spec.model_copy(update={"env": {**spec.env, **self.tx.secrets.get(job.id)}})
         return launch_order(
             self.cfg,
             job_id=job.id,

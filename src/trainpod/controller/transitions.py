@@ -33,6 +33,7 @@ from trainpod.model.states import (
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow, JobRow, NodeRow
+from trainpod.store.secrets import JobSecrets
 
 # States in which a node is fit to run work (or to be given some).
 HEALTHY_NODE_STATES = frozenset({NodeState.IDLE, NodeState.ALLOCATED})
@@ -42,9 +43,17 @@ HELD_NODE_STATES = frozenset({NodeState.QUARANTINED, NodeState.REPAIRING, NodeSt
 
 class Transitions:
     def __init__(
-        self, store: Store, config: ControllerConfig, wake: Wake, ports: PortAllocator
+        self,
+        store: Store,
+        config: ControllerConfig,
+        wake: Wake,
+        ports: PortAllocator,
+        secrets: JobSecrets,
     ) -> None:
         self.store = store
+        self.secrets = secrets
+        """Jobs' secret env values: put at submission, read for launch orders, forgotten
+        when the job ends (here, with the state change)."""
         self.cfg = config
         self.wake = wake
         self._ports = ports
@@ -105,6 +114,7 @@ class Transitions:
         check("job", JOB_TRANSITIONS, job.state, state)
         if state.ended:
             fields.setdefault("ended_at", now)
+            self.secrets.forget(job.id)  # no attempt of it will launch again
         self.store.update_job(job.id, now, state=state, **fields)
         if state != job.state:
             self.store.append(

@@ -172,10 +172,14 @@ class Views:
 
 
 def hide_env(info: JobInfo) -> JobInfo:
-    """``info`` with every value of its spec's ``env`` replaced by :data:`HIDDEN`."""
-    if not info.spec.env:
+    """``info`` with every value of its spec's ``env`` replaced by :data:`HIDDEN`, and no
+    ``secret_env`` at all: that a job has secrets is its owner's and admins' to know (they
+    see the names, the values masked, ``***``; the values are in no view, ADR 0032)."""
+    if not info.spec.env and not info.spec.secret_env:
         return info
-    spec = info.spec.model_copy(update={"env": dict.fromkeys(info.spec.env, HIDDEN)})
+    spec = info.spec.model_copy(
+        update={"env": dict.fromkeys(info.spec.env, HIDDEN), "secret_env": {}}
+    )
     return info.model_copy(update={"spec": spec})
 
 
@@ -191,7 +195,7 @@ class _Json:
     @classmethod
     def of(cls, info: JobInfo, updated_at: float) -> _Json:
         full = _JOB.dump_json(info)
-        hidden = _JOB.dump_json(hide_env(info)) if info.spec.env else full
+        hidden = _JOB.dump_json(hide_env(info)) if info.spec.env or info.spec.secret_env else full
         return cls(updated_at, info.spec.user, full, hidden)
 
     def for_viewer(self, viewer: Principal | None) -> bytes:

@@ -792,6 +792,19 @@ class AccessDenied(KnownEvent):
 
 @_register
 @dataclass(frozen=True, kw_only=True)
+class AuthThrottled(KnownEvent):
+    """A client address failed to authenticate too often: its calls are answered 429 for
+    ``retry_after_s`` (one event per such run of failures, not one per failure)."""
+
+    kind = "auth_throttled"
+    client: str
+    failures: int
+    window_s: float
+    retry_after_s: float
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
 class TokenIssued(KnownEvent):
     kind = "token_issued"
     user: str

@@ -41,6 +41,7 @@ from trainpod.spec.sharing import (
     UserSpec,
     sharing_problems,
 )
+from trainpod.spec.workerenv import DEFAULT_ENV_ALLOW, EnvAllowEntry
 
 Backend = Literal["local", "slurm"]
 Role = Literal["head", "compute"]
@@ -416,6 +417,9 @@ class ClusterSpec(_Model):
     """How fast past usage stops counting against a team."""
     carbon: CarbonSpec | None = None
     """The grid's carbon intensity (country, cloud region or g/kWh); none: world average."""
+    env_allow: tuple[EnvAllowEntry, ...] = DEFAULT_ENV_ALLOW
+    """What of the agents' own environment reaches workers (names, or prefixes ending in
+    ``*``); nothing else does (see :mod:`trainpod.spec.workerenv`)."""
 
     def carbon_intensity(self) -> Intensity:
         return self.carbon.intensity() if self.carbon is not None else world_average()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from trainpod import resume
 
@@ -71,6 +71,11 @@ class JobSpec(BaseModel):
     )
     partition: str | None = Field(default=None, description="None = the default partition")
     env: dict[str, str] = Field(default_factory=dict, description="extra worker environment")
+    secret_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="worker environment kept secret: stored apart from the spec, never listed"
+        " or logged, shown as *** to the job's owner and admins and not at all to others",
+    )
     workdir: str | None = Field(default=None, description="worker cwd; None = submitter's cwd")
     user: str = Field(
         default="", description="who submitted it: set by the controller from the caller's token"
@@ -227,23 +232,34 @@ class JobSpec(BaseModel):
             )
         return self
 
-    @field_validator("env")
+    @field_validator("env", "secret_env")
     @classmethod
-    def _no_contract_override(cls, env: dict[str, str]) -> dict[str, str]:
+    def _no_contract_override(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        option = "--secret-env" if info.field_name == "secret_env" else "--env"
         for key, value in env.items():
             if not _ENV_KEY.fullmatch(key):
                 raise ValueError(
-                    f"--env key {key!r} is not a variable name; use letters, digits and "
+                    f"{option} key {key!r} is not a variable name; use letters, digits and "
                     "underscores, not starting with a digit (e.g. MY_VAR=1)"
                 )
-            _text(value, f"--env {key}'s value", _NO_NUL, control=False)
+            _text(value, f"{option} {key}'s value", _NO_NUL, control=False)
         clash = sorted(set(env) & set(_RESERVED_ENV))
         if clash:
             raise ValueError(
-                f"--env may not set {', '.join(clash)}: trainpod sets these for every rank "
+                f"{option} may not set {', '.join(clash)}: trainpod sets these for every rank "
                 "(the torchrun contract); remove them"
             )
         return env
+
+    @model_validator(mode="after")
+    def _secret_apart(self) -> JobSpec:
+        both = sorted(set(self.env) & set(self.secret_env))
+        if both:
+            raise ValueError(
+                f"{', '.join(both)} given both with --env and --secret-env; keep one (a "
+                "secret only with --secret-env)"
+            )
+        return self
 
     def time_limit_s(self) -> float | None:
         """``time_limit`` in seconds; None when unset or unlimited."""

@@ -162,4 +162,12 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE attempts ADD COLUMN in_process TEXT NOT NULL DEFAULT '{}';
     """,
+    # 9: a job's secret env values (`submit --secret-env`, ADR 0032), apart from its spec
+    # (which keeps the names, masked): read only to build the job's launch orders
+    """
+    CREATE TABLE job_secrets (
+        job_id INTEGER PRIMARY KEY,
+        env TEXT NOT NULL
+    );
+    """,
 ]
