@@ -192,7 +192,10 @@ class Launcher:
             if order.attempt_id in self._seen:
                 return False
             self._seen.add(order.attempt_id)
-            run = AttemptRun(order, ranks)
+            # A lost node's ranks started here into a running attempt join its newest
+            # generation (ADR 0035): the recover order of that generation is not for them.
+            joins = order.env.get(elastic_protocol.ENV_GENERATION, "0")
+            run = AttemptRun(order, ranks, generation=int(joins) if joins.isdigit() else 0)
             self._runs[order.attempt_id] = run
         log_dir.mkdir(parents=True, exist_ok=True)
         for rp in ranks:
