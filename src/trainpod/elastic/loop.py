@@ -185,7 +185,12 @@ class _Loop:
         self.wait_s = wait_s
         path = env.get(ENV_FILE)
         self.generation = int(env.get(ENV_GENERATION, "0") or 0)
-        self.watch = RecoverWatch(Path(path) if path else None, self.generation)
+        attempt = env.get("TRAINPOD_ATTEMPT_ID", "")
+        self.watch = RecoverWatch(
+            Path(path) if path else None,
+            self.generation,
+            attempt_id=int(attempt) if attempt.isdigit() else None,
+        )
         self.addr = env["MASTER_ADDR"]
         self.port = int(env["MASTER_PORT"])
         self.snapshots: deque[_Snapshot] = deque(maxlen=2)
