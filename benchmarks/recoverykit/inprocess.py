@@ -7,14 +7,16 @@ starts again on its node) and ``kill-agent`` into rank 1's node (a lost node: in
 its rank starts on the spare and takes its state from rank 0, ADR 0035). One job per mode
 and fault; ``repeats`` injections each, the next one once the job steps again.
 
-Per injection: *fault -> every rank stepping* (the latest of each rank's first step line
-after the injection: under a full restart those come from the new attempt, in process the
-healthy rank's from the re-formed group), and what trainpod recorded (a new attempt, or an
+Per injection: *fault -> every rank stepping* (from the killed rank's last step line to the
+latest of each rank's first step line after its stall: under a full restart those come
+from the new attempt, in process the healthy rank's from the re-formed group; GAP_S), and
+what trainpod recorded (a new attempt, or an
 ``in_process_recovery_done`` and its ``duration_s``). CPU and Gloo only.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,10 +56,29 @@ class Sample:
     error: str = ""
 
 
-def _stepping(ckpt: Path, ranks: int, after: float) -> float | None:
-    lines = [x for x in read_progress(ckpt) if x.step >= 0 and x.t > after]
-    firsts = [min((x.t for x in lines if x.rank == r), default=None) for r in range(ranks)]
-    return None if any(t is None for t in firsts) else max(t for t in firsts if t) - after
+GAP_S = 0.3  # a rank's stall: 6 steps of steps.py without a line
+
+
+def _stepping(ckpt: Path, ranks: int, injected_at: float) -> float | None:
+    """Seconds from the fault (the killed rank 1's last step line: the chaos order runs a
+    beat after it is queued) to every rank having stepped again (each rank's first line
+    after the fault that ends a stall of at least GAP_S); None until rank 1 runs again."""
+    lines = [x for x in read_progress(ckpt) if x.step >= 0]
+    before = [x for x in lines if x.rank == 1 and x.t <= injected_at]
+    if not before:
+        return None
+    old = before[-1].pid
+    if not any(x.rank == 1 and x.pid != old and x.t > injected_at for x in lines):
+        return None  # rank 1 has not stepped again (under a new pid) yet
+    fault = max(x.t for x in lines if x.rank == 1 and x.pid == old)
+    firsts: list[float] = []
+    for r in range(ranks):
+        mine = sorted(x.t for x in lines if x.rank == r)
+        again = [t for prev, t in itertools.pairwise(mine) if t > fault and t - prev >= GAP_S]
+        if not again:
+            return None
+        firsts.append(again[0])
+    return max(firsts) - fault
 
 
 def run_mode(

@@ -248,3 +248,18 @@ def test_a_lost_node_without_a_free_node_falls_back(make: Make) -> None:
         "rank 2 on workers-1 was lost with its node: no free node to start its ranks on in process"
     )
     assert c.job(job).attempts[0].state == "stopping"
+
+
+def test_a_group_being_formed_is_not_taken_for_a_hang(make: Make) -> None:
+    c = make(hang_timeout_s=3.0)
+    job, attempt = _opted_in(c)
+    c.report(job, 1)
+    a1 = c.agents["workers-1"]
+    a1.exit_rank(attempt, 3, signal=KILLED)
+    a1.recover_ranks(a1.beat())
+    c.tick(5)  # no rank steps while the replacement joins: longer than hang_timeout_s
+    assert c.job(job).attempts[0].state == "running"
+    assert c.events("fault_detected", job_id=job) == []
+    _joined(c, attempt, 1)
+    c.tick(5)  # once every rank joined, silence is a hang again
+    assert c.job(job).attempts[0].cause == "hang"
