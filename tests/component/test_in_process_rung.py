@@ -263,3 +263,22 @@ def test_a_group_being_formed_is_not_taken_for_a_hang(make: Make) -> None:
     _joined(c, attempt, 1)
     c.tick(5)  # once every rank joined, silence is a hang again
     assert c.job(job).attempts[0].cause == "hang"
+
+
+def test_a_beacon_read_before_the_new_process_report_does_not_lose_the_rank(make: Make) -> None:
+    # One heartbeat carries the replacement's beacon of generation 1 and the report of its
+    # new process; beacons are read first. The rank must still be recorded as running.
+    c = make()
+    job, attempt = _opted_in(c)
+    a1 = c.agents["workers-1"]
+    a1.exit_rank(attempt, 3, signal=KILLED)
+    a1.recover_ranks(a1.beat())
+    for agent in c.agents.values():
+        for r in agent.running_ranks(attempt):
+            agent.progress(attempt, r, 10, generation=1)
+    c.agents["workers-0"].beat()
+    a1.beat()  # rank 3's beacon and its new process, together
+    info = c.job(job)
+    assert [r.state for r in info.attempts[0].ranks] == ["running"] * 4
+    assert len(c.events("in_process_recovery_done", job_id=job)) == 1
+    assert info.attempts[0].generation_confirmed

@@ -270,16 +270,23 @@ class InProcessRung:
                 started_at=started_at,
             ),
         )
+        fresh = self.store.attempt(attempt.id)
+        if fresh is not None:
+            self.confirm(fresh, now)  # its beacon of the generation may have come first
         return True
 
     def unconfirmed(self, attempt: AttemptRow) -> list[int]:
-        """The ranks that have not beaconed the attempt's newest generation yet."""
+        """The ranks that have not beaconed the attempt's newest generation yet, or (a
+        replaced one) are not recorded as running again: a beacon can arrive in the same
+        heartbeat as, and be read before, the report of the rank's new process."""
         book = self.beacons.of(attempt.id)
         g = attempt.in_process.generation
         return [
             r.rank
             for r in self.store.ranks(attempt.id)
-            if r.rank not in book or book[r.rank][0].generation < g
+            if r.rank not in book
+            or book[r.rank][0].generation < g
+            or r.state is not RankState.RUNNING
         ]
 
     def confirm(self, attempt: AttemptRow, now: float) -> bool:
