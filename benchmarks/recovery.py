@@ -59,6 +59,11 @@ What it measures, in one run:
    which assumes the optimal interval tau* = sqrt(2 delta M), and with the actual interval
    tau: 1 - delta / tau - (R + tau / 2) / M.
 
+4. Full restart vs in-process recovery (``--in-process``): the same steps.py job (with
+   ``--in-process`` its loop is ``trainpod.elastic.run``, the job ``--recovery in-process``),
+   the same injections (kill-worker into rank 1, kill-agent into its node: the spare takes
+   its place in process, ADR 0035), ``--repeats`` each: fault -> every rank stepping again.
+
 Targets (PASS/FAIL printed): crash detected < 1 s (median, injection -> fault_detected);
 hang detected within hang_timeout_s + 1 s (median, injection -> fault_detected);
 crash -> first step <= 0.5 x torchrun's (medians); GPU fault -> the spare's first step
@@ -97,6 +102,7 @@ from recoverykit.common import (
     STEPS,
     throwaway_cluster,
 )
+from recoverykit.inprocess import render_side_by_side, run_side_by_side
 from recoverykit.mttr import (
     CLASSES,
     Injection,
@@ -125,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     slow: SlowObservation | None = None
     replay: dict[str, Any] | None = None
     chaos: dict[str, Any] | None = None
+    side: dict[str, Any] | None = None
     chosen = [fc for fc in CLASSES if fc.name in args.classes]
     t = time.monotonic()
 
@@ -172,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                 except (RuntimeError, TimeoutError, TrainpodError) as exc:
                     chaos = {"error": f"{type(exc).__name__}: {exc}"}
                 lap("chaos")
+            if args.in_process:
+                side = run_side_by_side(client, args.repeats, workdir)
+                lap("in_process")
             if "node_lost" in args.classes:
                 replay = check_kill_agent_replay(client)
                 lap("kill_agent_replay")
@@ -195,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "crash_vs_torchrun": comparison(tr_samples, compared, compared_errors),
         "chaos": chaos,
+        "in_process": side,
         "args": {k: str(v) for k, v in vars(args).items()},
     }
     results["targets"] = targets(results)
@@ -202,12 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     results["phase_times_s"] = phases
     results["run_time_s"] = time.monotonic() - t_start
     print(render(results))
+    if side is not None:
+        print("\n".join(render_side_by_side(side)))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results: {args.json}")
     unrecovered = sum(c["injections"] - c["recovered"] for c in classes.values())
     unrecovered += sum(1 for k, v in compared.items() if k != "trainpod_2x1" for s in v if not s.ok)
     unrecovered += sum(1 for s in tr_samples if s.error)
+    unrecovered += sum(1 for s in (side or {}).get("samples", []) if s["stepping_s"] is None)
     chaos_failed = chaos is not None and not chaos.get("ok")
     if unrecovered or chaos_failed:
         why = f"{unrecovered} injection(s) did not recover as expected"

@@ -312,6 +312,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"fault classes to run, comma-separated (default: all: {','.join(ALL_CLASSES)}); "
         "crash includes the torchrun comparison, node_lost the kill-agent replay check",
     )
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="part 4: full restart vs in-process recovery of the same job and injections "
+        "(kill-worker, kill-agent), --repeats each",
+    )
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
     p.add_argument(
         "--keep-logs", type=Path, default=None, help="copy the cluster's logs to this directory"

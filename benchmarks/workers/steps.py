@@ -4,7 +4,7 @@ Runs unchanged under ``torchrun`` and under trainpod (both set the torchrun envi
 RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT)::
 
     python benchmarks/workers/steps.py --steps 100000 [--ckpt-dir DIR] [--step-s 0.05]
-        [--ckpt-every 10] [--no-sync]
+        [--ckpt-every 10] [--no-sync] [--in-process]
 
 Each step sleeps ``--step-s`` seconds (the "compute"), then all-reduces a small tensor over
 Gloo (unless ``--no-sync``: then the ranks step independently, which is what makes a slow
@@ -24,6 +24,11 @@ attempt - 1), so the first line of a new generation is the first step after a re
 measured the same way under both launchers. Three more lines split a start: ``step=-1`` when
 the script starts (before ``import torch``), ``step=-2`` once torch and trainpod are
 imported, ``step=-3`` once the process group is up and the resume step is agreed.
+
+``--in-process`` runs the loop with :func:`trainpod.elastic.run` (for a job submitted with
+``--recovery in-process``): a peer's fault no longer ends this rank; it re-joins the new
+group and goes on from the newest step every rank holds (ADR 0026/0035). Its lines keep the
+``gen`` they started with; a rank started fresh by the recovery writes ``step=-1..-3`` again.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ def main() -> int:
     ap.add_argument("--step-s", type=float, default=0.05)
     ap.add_argument("--ckpt-every", type=int, default=10)
     ap.add_argument("--no-sync", action="store_true", help="no all-reduce per step")
+    ap.add_argument("--in-process", action="store_true", help="trainpod.elastic.run's loop")
     args = ap.parse_args()
     if not args.ckpt_dir:
         ap.error("no --ckpt-dir and no TRAINPOD_CHECKPOINT_DIR")
@@ -79,6 +85,8 @@ def main() -> int:
     import trainpod
 
     log_line(progress, gen, rank, -2)
+    if args.in_process:
+        return run_in_process(args, progress, gen, rank, ckpt_dir / "ckpt.json")
     dist.init_process_group("gloo")
     ckpt = ckpt_dir / "ckpt.json"
     resume = torch.tensor([read_checkpoint(ckpt) if rank == 0 else 0], dtype=torch.int64)
@@ -101,6 +109,62 @@ def main() -> int:
     progress.close()
     dist.barrier()
     dist.destroy_process_group()
+    return 0
+
+
+def run_in_process(
+    args: argparse.Namespace, progress: TextIO, gen: str, rank: int, ckpt: Path
+) -> int:
+    """The same steps under ``trainpod.elastic.run``: the state every rank holds is the
+    all-reduced buffer; the step to resume after comes from the checkpoint file, as above."""
+    import torch
+    import torch.distributed as dist
+
+    import trainpod
+    from trainpod import elastic
+
+    class Buffer:
+        def __init__(self) -> None:
+            self.buf = torch.ones(16)
+
+        def state_dict(self) -> dict[str, torch.Tensor]:
+            return {"buf": self.buf}
+
+        def load_state_dict(self, sd: dict[str, torch.Tensor], /) -> None:
+            self.buf.copy_(sd["buf"])
+
+    state = Buffer()
+
+    def step_fn(step: int) -> None:
+        time.sleep(args.step_s)
+        dist.all_reduce(state.buf)
+        state.buf.fill_(1.0)
+        log_line(progress, gen, rank, step)
+        if rank == 0 and step % args.ckpt_every == 0:
+            t0 = time.perf_counter()
+            write_checkpoint(ckpt, step)
+            stall = time.perf_counter() - t0
+            trainpod.report(step, checkpoint_step=step, checkpoint_stall_s=stall)
+        else:
+            trainpod.report(step)
+
+    marked: list[bool] = []
+
+    def on_group() -> None:
+        if not marked:  # the first group: as init_process_group + resume above
+            marked.append(True)
+            log_line(progress, gen, rank, -3)
+
+    start = read_checkpoint(ckpt) + 1  # every rank reads the same file (shared dir)
+    elastic.run(
+        step_fn,
+        {"buf": state},
+        steps=args.steps + 1,
+        start_step=start,
+        timeout_s=10.0,
+        on_group=on_group,
+    )
+    progress.close()
     return 0
 
 

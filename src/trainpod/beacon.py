@@ -35,7 +35,9 @@ Wire format (one message, UTF-8 compact JSON object; unknown keys are ignored)::
 ``"v"`` is the wire version (a receiver ignores versions it does not know), ``"s"`` is absent
 in a heartbeat, ``"m"`` when there are no metrics. Metric keys the agent understands:
 ``checkpoint_step`` (a checkpoint covering this step was written), ``checkpoint_stall_s``
-(seconds the loop was blocked saving), ``tokens`` (tokens processed in this step); every
+(seconds the loop was blocked saving), ``tokens`` (tokens processed in this step),
+``generation`` (the in-process recovery generation whose process group the rank joined, sent
+by :func:`trainpod.elastic.run` after every join, ADR 0035); every
 other number (``loss=...``) is plotted as ``metrics/<name>`` in the job's TensorBoard logdir
 (ADR 0021; rank 0's reports, at most 64 names per attempt). Values
 that JSON cannot carry (a tensor, a NumPy float32) are sent as ``float()`` of them, else as
@@ -114,13 +116,14 @@ def report(step: int, **metrics: float | int | str | bool) -> None:
     _send(step, metrics)
 
 
-def heartbeat() -> None:
-    """Tell the agent "alive, no step finished" (long steps, evaluation, checkpointing)."""
+def heartbeat(**metrics: float | int | str | bool) -> None:
+    """Tell the agent "alive, no step finished" (long steps, evaluation, checkpointing),
+    with optional metrics (``generation=``: see the module's docstring)."""
     if _enabled is False:
         return
     if _enabled is None and not _configure():
         return
-    _send(None, None)
+    _send(None, metrics or None)
 
 
 def stats() -> BeaconStats:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainpod.testing import FakeGroup
+
 from .conftest import PORT
 from .healing import HealingCluster, Make
 
@@ -20,6 +22,16 @@ def _opted_in(c: HealingCluster, **kw: Any) -> tuple[int, int]:
     attempt = c.start(job)
     c.tick(30)
     return job, attempt
+
+
+def _joined(c: HealingCluster, attempt: int, generation: int, *, skip: int | None = None) -> None:
+    """Every rank (but ``skip``) beacons that it joined ``generation``, as elastic.run does."""
+    for agent in c.agents.values():
+        ranks = [r for r in agent.running_ranks(attempt) if r != skip]
+        for r in ranks:
+            agent.progress(attempt, r, 10, generation=generation)
+        if ranks:
+            agent.beat()
 
 
 def _pids(c: HealingCluster, job: int) -> dict[int, int | None]:
@@ -59,6 +71,15 @@ def test_a_killed_rank_runs_again_in_the_same_attempt(make: Make) -> None:
     }
     info = c.job(job)
     assert [r.state for r in info.attempts[0].ranks] == ["running"] * 4
+    # running again is not done: done is every rank's beacon of the new generation
+    assert c.events("in_process_recovery_done", job_id=job) == []
+    assert (info.attempts[0].generation, info.attempts[0].generation_confirmed) == (1, False)
+    _joined(c, attempt, 1, skip=0)
+    assert c.events("in_process_recovery_done", job_id=job) == []
+    c.clock.advance(1)
+    _joined(c, attempt, 1)
+    info = c.job(job)
+    assert (info.attempts[0].generation, info.attempts[0].generation_confirmed) == (1, True)
     (done,) = c.events("in_process_recovery_done", job_id=job)
     assert (done.data["generation"], done.data["rank"]) == (1, 3)
     assert done.data["duration_s"] == c.clock.now() - killed_at
@@ -105,7 +126,8 @@ def test_a_rank_that_could_not_rejoin_falls_back_to_a_full_restart(make: Make) -
     (gave_up,) = c.events("in_process_recovery_abandoned", job_id=job)
     assert gave_up.data["generation"] == 0  # none was tried
     assert gave_up.data["reason"] == (
-        "rank 2 on workers-1 exited with code 75 (75: it could not re-join its group)"
+        "rank 2 on workers-1 exited with code 75 (75: it could not re-join its group); "
+        "it said: gave generation 1 up: no message in 60 s"
     )
     assert c.events("in_process_recovery_started", job_id=job) == []
     assert c.job(job).attempts[0].state == "stopping"
@@ -149,6 +171,7 @@ def test_in_process_recoveries_count_against_max_restarts(make: Make) -> None:
     a1.exit_rank(attempt, 3, signal=KILLED)
     a1.recover_ranks(a1.beat())
     a1.beat()
+    _joined(c, attempt, 1)
     assert len(c.events("in_process_recovery_done", job_id=job)) == 1
     a1.exit_rank(attempt, 3, signal=KILLED)
     a1.beat()
@@ -172,3 +195,90 @@ def test_a_cancel_during_the_recovery_stops_it_without_a_fallback(make: Make) ->
     assert (info.state, len(info.attempts)) == ("cancelled", 1)
     assert c.events("in_process_recovery_abandoned", job_id=job) == []
     assert a1.recover_ranks(a1.beat()) == []
+
+
+# -- a lost node: its ranks start on the spare in the same attempt (ADR 0035) --------------
+def test_a_lost_node_ranks_start_on_the_spare_in_the_same_attempt(make: Make) -> None:
+    c = make()
+    job, attempt = _opted_in(c)
+    before = _pids(c, job)
+    c.tick(c.cfg.heartbeat_timeout_s + 1, "workers-0", "spares-0")  # workers-1 is silent
+    info = c.job(job)
+    (same,) = info.attempts
+    assert (info.state, same.state, same.nodes) == ("running", "running", ["workers-0", "spares-0"])
+    (started,) = c.events("in_process_recovery_started", job_id=job)
+    assert (started.data["replaced"], started.data["moved"]) == ([2, 3], {"workers-1": "spares-0"})
+    assert c.node("spares-0").state == "allocated" and c.node("workers-1").state == "quarantined"
+    assert c.events("fault_detected", job_id=job) == [] and c.decisions(job) == []
+
+    # the spare launches the lost node's ranks into generation 1, on the new store
+    spare = c.agents["spares-0"]
+    orders = spare.beat()
+    (launch,) = orders.launch
+    assert [s.rank for s in launch.ranks] == [2, 3]
+    env = launch.env
+    assert (env["MASTER_PORT"], env["TRAINPOD_RECOVER_GENERATION"]) == (str(PORT + 1), "1")
+    assert env["TRAINPOD_NODES"] == "workers-0,spares-0" and env["GROUP_RANK"] == "1"
+    (rec,) = c.agents["workers-0"].beat().recover  # the healthy node re-forms the group
+    assert (rec.generation, rec.replaced, rec.respawn) == (1, [2, 3], [])
+    assert spare.start_ranks(orders) == [2, 3]
+    spare.beat()
+    _joined(c, attempt, 1)
+    (done,) = c.events("in_process_recovery_done", job_id=job)
+    assert done.data["generation"] == 1
+    after = _pids(c, job)
+    assert {r: after[r] for r in (0, 1)} == {r: before[r] for r in (0, 1)}
+    assert {r.rank: r.node for r in c.job(job).attempts[0].ranks} == {
+        0: "workers-0",
+        1: "workers-0",
+        2: "spares-0",
+        3: "spares-0",
+    }
+    c.finish(job)
+    info = c.job(job)
+    assert info.state == "completed" and len(info.attempts) == 1
+
+
+def test_a_lost_node_without_a_free_node_falls_back(make: Make) -> None:
+    c = make(groups=(FakeGroup("workers", 2),))
+    job, _ = _opted_in(c)
+    c.tick(c.cfg.heartbeat_timeout_s + 1, "workers-0")
+    (gave_up,) = c.events("in_process_recovery_abandoned", job_id=job)
+    assert gave_up.data["reason"] == (
+        "rank 2 on workers-1 was lost with its node: no free node to start its ranks on in process"
+    )
+    assert c.job(job).attempts[0].state == "stopping"
+
+
+def test_a_group_being_formed_is_not_taken_for_a_hang(make: Make) -> None:
+    c = make(hang_timeout_s=3.0)
+    job, attempt = _opted_in(c)
+    c.report(job, 1)
+    a1 = c.agents["workers-1"]
+    a1.exit_rank(attempt, 3, signal=KILLED)
+    a1.recover_ranks(a1.beat())
+    c.tick(5)  # no rank steps while the replacement joins: longer than hang_timeout_s
+    assert c.job(job).attempts[0].state == "running"
+    assert c.events("fault_detected", job_id=job) == []
+    _joined(c, attempt, 1)
+    c.tick(5)  # once every rank joined, silence is a hang again
+    assert c.job(job).attempts[0].cause == "hang"
+
+
+def test_a_beacon_read_before_the_new_process_report_does_not_lose_the_rank(make: Make) -> None:
+    # One heartbeat carries the replacement's beacon of generation 1 and the report of its
+    # new process; beacons are read first. The rank must still be recorded as running.
+    c = make()
+    job, attempt = _opted_in(c)
+    a1 = c.agents["workers-1"]
+    a1.exit_rank(attempt, 3, signal=KILLED)
+    a1.recover_ranks(a1.beat())
+    for agent in c.agents.values():
+        for r in agent.running_ranks(attempt):
+            agent.progress(attempt, r, 10, generation=1)
+    c.agents["workers-0"].beat()
+    a1.beat()  # rank 3's beacon and its new process, together
+    info = c.job(job)
+    assert [r.state for r in info.attempts[0].ranks] == ["running"] * 4
+    assert len(c.events("in_process_recovery_done", job_id=job)) == 1
+    assert info.attempts[0].generation_confirmed

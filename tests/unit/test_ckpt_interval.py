@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from trainpod.ckpt.interval import (
     interval_s,
     interval_steps,
 )
-from trainpod.ckpt.layout import young_daly_s
+from trainpod.ckpt.layout import mtbf_is_prior, young_daly_s
 from trainpod.testing.clock import FakeClock
 
 WIDE = IntervalBounds(min_s=0.0, max_s=1e9)
@@ -75,11 +76,40 @@ def test_the_interval_is_bounded_in_seconds_steps_and_by_the_memory_tier() -> No
         ({"min_s": 10.0, "max_s": 5.0}, "max_s"),
         ({"min_steps": 0}, "min_steps"),
         ({"min_steps": 4, "max_steps": 2}, "max_steps"),
+        ({"prior_max_s": 0.0}, "prior_max_s"),
+        ({"prior_overhead": 1.5}, "prior_overhead"),
     ],
 )
 def test_bad_bounds_are_refused_by_name(kw: dict[str, Any], named: str) -> None:
     with pytest.raises(CheckpointConfigError, match=named):
         IntervalBounds(**kw)
+
+
+def test_before_the_first_fault_the_prior_mtbf_caps_the_interval() -> None:
+    # The demo's case (ADR 0035): a 20 ms stall at the 4 h prior gives ~24 s between saves,
+    # so the first fault redid ~100 steps of 0.15 s. While the MTBF is only the prior, at
+    # most prior_max_s (5 s) of work is at stake.
+    guess = Costs(stall_s=0.02, step_s=0.15, write_s=0.0, mtbf_s=4 * 3600.0, prior=True)
+    seen = Costs(stall_s=0.02, step_s=0.15, write_s=0.0, mtbf_s=4 * 3600.0)
+    assert interval_s(seen, IntervalBounds()) == pytest.approx(math.sqrt(2 * 0.02 * 14400) - 0.02)
+    assert interval_s(guess, IntervalBounds()) == 5.0
+    assert interval_steps(guess, IntervalBounds()) == 34  # ceil(5 / 0.15)
+    # ... unless saving that often costs more than 1% of the loop: then stall / 1%.
+    dear = Costs(stall_s=0.2, step_s=0.15, write_s=0.0, mtbf_s=4 * 3600.0, prior=True)
+    assert interval_s(dear, IntervalBounds()) == pytest.approx(20.0)
+    # Young/Daly shorter than the cap: the cap does not lengthen it; and it can be turned off.
+    assert interval_s(replace(guess, stall_s=1e-4), IntervalBounds()) < 5.0
+    assert interval_s(guess, IntervalBounds(prior_max_s=None)) == interval_s(seen, IntervalBounds())
+    # The ranks agree on a prior only where the smallest MTBF is one.
+    assert guess.merge(seen).prior is False and guess.merge(guess).prior is True
+    observed = replace(seen, mtbf_s=60.0)
+    assert guess.merge(observed) == observed.merge(guess) == replace(observed, prior=False)
+
+
+def test_the_prior_is_what_no_mtbf_from_the_controller_means() -> None:
+    assert mtbf_is_prior({}) and mtbf_is_prior({"TRAINPOD_MTBF_S": "junk"})
+    assert mtbf_is_prior({"TRAINPOD_MTBF_S": "0"})
+    assert not mtbf_is_prior({"TRAINPOD_MTBF_S": "55"})
 
 
 def test_the_ranks_agree_on_the_slowest_costs_and_the_smallest_mtbf() -> None:

@@ -123,19 +123,19 @@ def test_which_errors_are_a_peers_fault() -> None:
 
 
 def test_a_snapshot_is_a_copy_and_reuses_the_evicted_ones_buffers() -> None:
-    from trainpod.elastic.loop import _copy_state
+    from trainpod.elastic.copies import copy_state
 
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
     state = {"model": model, "optim": opt}
-    first = _copy_state(state)
+    first = copy_state(state)
     with torch.no_grad():
         model.weight += 1
     assert not torch.equal(first["model"]["weight"], model.weight)  # a copy, not a view
     buffer = first["model"]["weight"]
-    second = _copy_state(state, reuse=first)
+    second = copy_state(state, reuse=first)
     assert second["model"]["weight"] is buffer  # written into, not allocated
     assert torch.equal(second["model"]["weight"], model.weight)
     momentum = second["optim"]["state"][0]["momentum_buffer"]

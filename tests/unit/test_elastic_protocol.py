@@ -59,6 +59,15 @@ def test_the_watch_returns_only_newer_generations(tmp_path: Path) -> None:
     assert [p.name for p in path.parent.iterdir()] == ["recover.json"]  # no temp file left
 
 
+def test_the_watch_ignores_a_message_left_by_an_earlier_attempt(tmp_path: Path) -> None:
+    # the file outlives its attempt in the job's scratch dir; a full restart's ranks (the
+    # next attempt, generation 0 again) must not act on the old generation
+    path = recover_file(tmp_path / "job-1")
+    write_recover(path, MSG)
+    assert RecoverWatch(path, generation=0, attempt_id=MSG.attempt_id + 1).poll() is None
+    assert RecoverWatch(path, generation=0, attempt_id=MSG.attempt_id).poll() == MSG
+
+
 def test_a_rank_outside_an_opted_in_job_watches_nothing() -> None:
     assert RecoverWatch(None).poll() is None
 

@@ -147,3 +147,46 @@ def test_an_accounts_rank_log_is_0600_and_not_opened_through_a_link(tmp_path: Pa
         _open_log(linked, private=True).close()
     assert not (tmp_path / "elsewhere").exists()
     assert os.path.islink(linked)
+
+
+def test_an_in_process_run_whose_only_rank_failed_waits_for_its_recover_order(
+    tmp_path: Path,
+) -> None:
+    """A node with one rank of an in-process job: its exit is delivered before the recover
+    order comes; the run must still be there for the order to start the rank again."""
+    from trainpod.api.models import RecoverOrder
+
+    launcher = Launcher(node_env={"TRAINPOD_SCRATCH_DIR": str(tmp_path)}, on_change=lambda: None)
+    order = LaunchOrder(
+        attempt_id=7,
+        job_id=1,
+        attempt_number=1,
+        argv=[
+            sys.executable,
+            "-c",
+            "import os, sys; sys.exit(int(os.environ.get('TRAINPOD_RECOVER_GENERATION', '3')))",
+        ],
+        workdir=str(tmp_path),
+        env={"TRAINPOD_RECOVERY": "in-process"},
+        ranks=[RankSlot(rank=1, local_rank=0)],
+        log_dir=str(tmp_path / "attempt-7"),
+    )
+    try:
+        assert launcher.launch(order)
+        (rank,) = _ended(launcher, 7)
+        assert rank.exit_code == 3
+        launcher.delivered(launcher.reports())
+        recover = RecoverOrder(
+            attempt_id=7,
+            generation=1,
+            master_addr="127.0.0.1",
+            master_port=29600,
+            world_size=2,
+            replaced=[1],
+            respawn=[1],
+        )
+        assert launcher.recover(recover)  # the run was kept: the rank starts again
+        (again,) = _ended(launcher, 7)
+        assert again.exit_code == 1  # TRAINPOD_RECOVER_GENERATION=1 this time
+    finally:
+        launcher.kill_everything()

@@ -75,6 +75,8 @@ class RankBeacons:
     """Sum of the reported ``tokens``."""
     metrics: dict[str, MetricValue]
     """The metrics of the latest report that carried any (special keys included)."""
+    generation: int = 0
+    """The newest in-process recovery generation the rank said it joined (ADR 0035)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ def rank_beacon(b: RankBeacons) -> RankBeacon:
         last_checkpoint_step=b.last_checkpoint_step,
         checkpoint_stall_s=b.checkpoint_stall_s,
         metrics={**b.metrics, "tokens_total": b.tokens},
+        generation=b.generation,
     )
 
 
@@ -116,6 +119,7 @@ class _RankState:
         "durations",
         "first_at",
         "first_step",
+        "generation",
         "last_at",
         "last_ckpt",
         "last_step",
@@ -139,6 +143,7 @@ class _RankState:
         self.last_ckpt: int | None = None
         self.stall_s = 0.0
         self.tokens = 0.0
+        self.generation = 0
 
     def record(
         self, step: int | None, t: float, metrics: dict[str, Any] | None, now: float
@@ -166,6 +171,9 @@ class _RankState:
             tokens = metrics.get("tokens")
             if isinstance(tokens, (int, float)) and not isinstance(tokens, bool):
                 self.tokens += tokens
+            gen = metrics.get("generation")
+            if type(gen) is int and gen > self.generation:  # kept: later metrics replace these
+                self.generation = gen
 
     def summary(self, rank: int, now: float) -> RankBeacons:
         return RankBeacons(
@@ -182,6 +190,7 @@ class _RankState:
             checkpoint_stall_s=self.stall_s,
             tokens=self.tokens,
             metrics=dict(self.metrics),
+            generation=self.generation,
         )
 
 

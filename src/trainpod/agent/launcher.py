@@ -155,6 +155,11 @@ class AgentRank:
         )
 
 
+KEEP_FOR_RECOVERY_S = 120.0
+"""How long a failed in-process run is kept for its recover order (past the controller's
+60 s ``in_process_deadline_s``, after which it gives the recovery up)."""
+
+
 @dataclass
 class RankProcess(AgentRank):
     log_path: Path = field(kw_only=True)
@@ -175,6 +180,18 @@ class AttemptRun:
     ranks: list[RankProcess] = field(default_factory=list)
     killing: bool = False
     generation: int = 0  # the newest in-process recovery applied to it (ADR 0026)
+    kept_until: float | None = None
+    """An in-process job's run whose every rank here failed is kept this long after its
+    exits were delivered, for the recover order that starts them again (ADR 0035)."""
+
+    @property
+    def awaits_recovery(self) -> bool:
+        """Opted in, not stopped by trainpod, and a rank here failed: the controller may
+        start it again in the same attempt (a node with one rank has no other to keep the
+        run alive meanwhile)."""
+        opted = self.order.env.get(elastic_protocol.ENV_RECOVERY) == elastic_protocol.IN_PROCESS
+        failed = any(r.exit_code not in (0, None) or r.signal is not None for r in self.ranks)
+        return opted and failed and not self.killing
 
     @property
     def running(self) -> bool:
@@ -230,7 +247,10 @@ class Launcher:
             if order.attempt_id in self._seen:
                 return False
             self._seen.add(order.attempt_id)
-            run = AttemptRun(order, ranks)
+            # A lost node's ranks started here into a running attempt join its newest
+            # generation (ADR 0035): the recover order of that generation is not for them.
+            joins = order.env.get(elastic_protocol.ENV_GENERATION, "0")
+            run = AttemptRun(order, ranks, generation=int(joins) if joins.isdigit() else 0)
             self._runs[order.attempt_id] = run
         log_dir.mkdir(parents=True, exist_ok=True)
         if filled.said:  # the first line of each rank's log says what was filled in
@@ -362,6 +382,7 @@ class Launcher:
             if run is None or run.killing or order.generation <= run.generation:
                 return False
             run.generation = order.generation
+            run.kept_until = None
             respawn = [r for r in run.ranks if r.rank in order.respawn]
         scratch = Path(self._node_env.get("TRAINPOD_SCRATCH_DIR", ".")) / f"job-{run.order.job_id}"
         message = Recover(
@@ -547,7 +568,11 @@ class Launcher:
                     if r.rank in ended:
                         r.delivered = True
                 if all(r.delivered for r in run.ranks):
-                    del self._runs[rep.attempt_id]
+                    now = time.time()
+                    if run.awaits_recovery and run.kept_until is None:
+                        run.kept_until = now + KEEP_FOR_RECOVERY_S
+                    if run.kept_until is None or now >= run.kept_until:
+                        del self._runs[rep.attempt_id]
 
     def sigtermed(self) -> set[tuple[int, int]]:
         """(attempt, rank) of every rank here that died of a SIGTERM this launcher did not

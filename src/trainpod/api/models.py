@@ -48,6 +48,9 @@ class RankBeacon(_Model):
     last_checkpoint_step: int | None = None
     checkpoint_stall_s: float = 0.0
     metrics: dict[str, Any] = Field(default_factory=dict)
+    generation: int = Field(
+        default=0, description="the in-process recovery generation the rank last joined"
+    )
 
 
 class AttemptReport(_Model):
@@ -327,6 +330,16 @@ class AttemptInfo(_Model):
         default="",
         description="the fault it ended of once classified (a crash whose node died is "
         "node_lost); equals cause when nothing changed, empty when no fault",
+    )
+    generation: int = Field(
+        default=0,
+        description="its process group's generation: how often it was recovered in process "
+        "(ADR 0026/0035); 0: never",
+    )
+    generation_confirmed: bool = Field(
+        default=True,
+        description="every rank beaconed that it joined the newest generation (False while "
+        "one is being formed)",
     )
 
 

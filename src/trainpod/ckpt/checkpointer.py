@@ -24,7 +24,7 @@ from trainpod.ckpt.interval import (
     interval_steps,
 )
 from trainpod.ckpt.interval import interval_s as auto_interval_s
-from trainpod.ckpt.layout import Layout, private_dir, resolve
+from trainpod.ckpt.layout import Layout, mtbf_is_prior, private_dir, resolve
 from trainpod.ckpt.layout import mtbf_s as mtbf_s_of
 from trainpod.ckpt.loader import LoadResult, load_latest
 from trainpod.ckpt.pipeline import Pipeline
@@ -132,6 +132,8 @@ class Checkpointer:
         if isinstance(mtbf_s, int | float) and not mtbf_s > 0:
             raise CheckpointConfigError(f"mtbf_s must be > 0 seconds, got {mtbf_s!r}")
         self._mtbf: Callable[[], float]
+        # No MTBF given nor observed yet: the interval is capped while it is a guess (0035).
+        self._mtbf_prior = mtbf_s is None and mtbf_is_prior()
         if callable(mtbf_s):
             self._mtbf = mtbf_s
         else:
@@ -240,7 +242,8 @@ class Checkpointer:
         for seconds in self._pipe.take_write_times():
             self._costs.writes.add(seconds)
         self._costs.stalls.add(stall)
-        proposal = self._costs.costs(self._mtbf_now()) if self.every is None else None
+        auto = self.every is None
+        proposal = self._costs.costs(self._mtbf_now(), prior=self._mtbf_prior) if auto else None
         # The interval agreed at the previous save, read before this one is handed to the
         # writer: it agrees on this save's proposal in the background, and a rank that read
         # after it had would disagree with one that read before on the next save's step.

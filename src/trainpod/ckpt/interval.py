@@ -11,6 +11,12 @@ between failures ``M``, loses the least time when taken every ``sqrt(2 C M) - C`
 * ``M`` is what the controller has observed for this job (``TRAINPOD_MTBF_S``, given at each
   launch: docs/decisions/0027), a value or a callable the caller passes, else 4 h.
 
+Before the job's first fault ``M`` is only a guess (the 4 h prior; the controller gives
+``TRAINPOD_MTBF_S`` from the first fault on), and a guess that is too high is what made the
+demo's first fault redo ~100 steps (ADR 0035). So while ``M`` is the prior the interval is
+capped at ``prior_max_s`` (5 s), or at ``stall / prior_overhead`` (1%) when saves are dearer
+than that: at most ~5 s of work lost to a first fault, for at most 1% of the loop's time.
+
 The result is bounded: never more often than every ``min_steps`` steps or ``min_s`` seconds,
 and never more often than the memory tier can take a snapshot (the median time from a
 ``save()`` to the memory-tier commit: a save before that would block on the staging
@@ -61,6 +67,11 @@ class IntervalBounds:
     """Never save more often than every this many steps."""
     max_steps: int | None = None
     """Always save at least every this many steps (None: no limit in steps)."""
+    prior_max_s: float | None = 5.0
+    """While the MTBF is the prior (no fault observed yet), save at least this often unless
+    that costs more than ``prior_overhead`` of the loop's time (None: no such cap)."""
+    prior_overhead: float = 0.01
+    """The most of the loop's time the ``prior_max_s`` cap may spend on stalls."""
 
     def __post_init__(self) -> None:
         if not self.min_s >= 0:
@@ -71,6 +82,14 @@ class IntervalBounds:
             )
         if self.min_steps < 1:
             raise CheckpointConfigError(f"min_steps must be >= 1, got {self.min_steps!r}")
+        if self.prior_max_s is not None and not self.prior_max_s > 0:
+            raise CheckpointConfigError(
+                f"prior_max_s must be > 0 seconds or None, got {self.prior_max_s!r}"
+            )
+        if not 0 < self.prior_overhead < 1:
+            raise CheckpointConfigError(
+                f"prior_overhead must be a fraction in (0, 1), got {self.prior_overhead!r}"
+            )
         if self.max_steps is not None and self.max_steps < self.min_steps:
             raise CheckpointConfigError(
                 f"max_steps must be >= min_steps ({self.min_steps}) or None, got {self.max_steps!r}"
@@ -89,14 +108,22 @@ class Costs:
     """Median seconds from a ``save()`` to its memory-tier commit (0: none measured yet)."""
     mtbf_s: float
     """Mean time between failures."""
+    prior: bool = False
+    """``mtbf_s`` is the prior, not an observed or given value."""
 
     def merge(self, other: Costs) -> Costs:
-        """The slowest rank's costs and the most pessimistic MTBF."""
+        """The slowest rank's costs and the most pessimistic MTBF, a prior if that one is
+        (equal MTBFs: if both are; every rank of a job gets the same launch env anyway)."""
+        if self.mtbf_s != other.mtbf_s:
+            prior = (self if self.mtbf_s < other.mtbf_s else other).prior
+        else:
+            prior = self.prior and other.prior
         return Costs(
             stall_s=max(self.stall_s, other.stall_s),
             step_s=max(self.step_s, other.step_s),
             write_s=max(self.write_s, other.write_s),
             mtbf_s=min(self.mtbf_s, other.mtbf_s),
+            prior=prior,
         )
 
 
@@ -104,7 +131,10 @@ def interval_s(costs: Costs, bounds: IntervalBounds) -> float:
     """Seconds between saves: Young/Daly within ``[min_s, max_s]``, and at least the time
     the memory tier takes to commit a snapshot."""
     best = young_daly_s(costs.stall_s, costs.mtbf_s)
-    return max(costs.write_s, min(bounds.max_s, max(bounds.min_s, best)))
+    most = bounds.max_s
+    if costs.prior and bounds.prior_max_s is not None:
+        most = min(most, max(bounds.prior_max_s, costs.stall_s / bounds.prior_overhead))
+    return max(costs.write_s, min(most, max(bounds.min_s, best)))
 
 
 def interval_steps(costs: Costs, bounds: IntervalBounds) -> int:
@@ -162,9 +192,10 @@ class CostMeter:
         """The loop jumped (a load): the next step starts a new step-time sample."""
         self._prev = None
 
-    def costs(self, mtbf_s: float) -> Costs | None:
-        """This process's costs; None until a stall and a step time were measured."""
+    def costs(self, mtbf_s: float, *, prior: bool = False) -> Costs | None:
+        """This process's costs (``prior``: ``mtbf_s`` is the prior); None until a stall
+        and a step time were measured."""
         stall, step = self.stalls.value(), self.steps.value()
         if stall is None or step is None:
             return None
-        return Costs(stall, step, self.writes.value() or 0.0, mtbf_s)
+        return Costs(stall, step, self.writes.value() or 0.0, mtbf_s, prior)

@@ -185,6 +185,16 @@ def mtbf_s(explicit: float | None, env: Mapping[str, str] | None = None) -> floa
     return value if value > 0 else DEFAULT_MTBF_S
 
 
+def mtbf_is_prior(env: Mapping[str, str] | None = None) -> bool:
+    """Whether :func:`mtbf_s` without an argument gives the 4 h prior (no usable
+    ``TRAINPOD_MTBF_S``: the controller gives one once the cluster has seen a fault)."""
+    raw = (os.environ if env is None else env).get("TRAINPOD_MTBF_S", "")
+    try:
+        return not float(raw) > 0
+    except ValueError:
+        return True
+
+
 def young_daly_s(stall_s: float, mtbf: float) -> float:
     """Optimal seconds between checkpoints (Young 1974, Daly 2006).
 

@@ -254,6 +254,9 @@ def print_job(job: JobInfo) -> None:
             f"  attempt {a.number}: {styled(a.state)}{cause} on {','.join(a.nodes)} "
             f"master {a.master_addr}:{a.master_port}"
         )
+        if a.generation:  # recovered in process (ADR 0026/0035)
+            how = "confirmed" if a.generation_confirmed else "being formed"
+            console.print(f"    generation {a.generation} ({how})")
         for r in a.ranks:
             how = f"exit {r.exit_code}" if r.signal is None else f"signal {r.signal}"
             how = how if r.state == "exited" else r.state

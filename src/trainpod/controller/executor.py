@@ -67,7 +67,15 @@ class Executor:
     """The in-process rung (ADR 0026), applied before the judge sees a rank's failure."""
 
     def __post_init__(self) -> None:
-        self.rung = InProcessRung(self.store, self.cfg, self.tx)
+        self.rung = InProcessRung(self.store, self.cfg, self.tx, self.beacons, self.free_nodes)
+
+    def free_nodes(self, job_id: int) -> list[str]:
+        """Where a lost node's ranks may go in process: free healthy nodes of the job's
+        partition, hot spares first (as the ladder's replacement, ADR 0035)."""
+        spec = self.tx.spec(self.tx.job(job_id))
+        groups = self.cfg.partitions.get(spec.partition or self.cfg.default_partition, [])
+        pool = [v for v in self.node_views(job_id) if v.free and v.healthy and v.group in groups]
+        return [v.name for v in sorted(pool, key=lambda v: not v.spare)]
 
     # -- the scheduler's decisions ------------------------------------------------------------
     def schedule(self, decisions: Iterable[SchedulerDecision], now: float) -> bool:
@@ -107,7 +115,8 @@ class Executor:
         ranks = self.store.ranks(attempt.id)
         recovering: frozenset[int] = frozenset()
         if job.spec.get("recovery") == "in-process":  # the rung's (ADR 0026); cheap otherwise
-            recovering = self.rung.recovering(attempt, ranks, self._restarts_left(job), now)
+            left = self._restarts_left(job)
+            recovering = self.rung.recovering(attempt, ranks, left, now, tails)
             attempt = self.store.attempt(attempt_id) or attempt
         verdict = judging.judge(
             attempt,

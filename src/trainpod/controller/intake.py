@@ -217,6 +217,8 @@ class HeartbeatIngest:
                 continue
             self.beacons.record(attempt.id, beacons, now)
             self.beacons.history.add(attempt.job_id, attempt.number, beacons, now)
+            if attempt.in_process.pending and self.executor.rung.confirm(attempt, now):
+                self.tx.wake.bump()  # every rank joined the new generation (ADR 0035)
             if attempt.id in self.beacons.first_logged:
                 continue
             self.beacons.first_logged.add(attempt.id)

@@ -14,6 +14,7 @@ from trainpod.controller.external import Scheduling
 from trainpod.controller.judge import CAUSE_PREEMPTED
 from trainpod.controller.launch import launch_order
 from trainpod.controller.transitions import Transitions
+from trainpod.elastic import protocol as elastic_protocol
 from trainpod.model.states import AttemptState, NodeState, RankState
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow, RankRow
@@ -130,7 +131,7 @@ class OrderDesk:
         return RecoverOrder(
             attempt_id=attempt.id,
             generation=ip.generation,
-            master_addr=attempt.master_addr,
+            master_addr=ip.master_addr or attempt.master_addr,
             master_port=ip.master_port,
             world_size=len(ranks),
             replaced=list(ip.replaced),
@@ -145,7 +146,7 @@ class OrderDesk:
             spec = spec.model_copy(update={"env": {**mtbf, **spec.env}})
         if spec.secret_env:  # the values, kept apart: for the ranks' env only (ADR 0032)
             spec = spec.model_copy(update={"env": {**spec.env, **self.tx.secrets.get(job.id)}})
-        return launch_order(
+        order = launch_order(
             self.cfg,
             job_id=job.id,
             attempt_id=attempt.id,
@@ -158,6 +159,18 @@ class OrderDesk:
             master_port=attempt.master_port,
             restart_reason=attempt.restart_reason,
         )
+        ip = attempt.in_process
+        if ip.generation > 0 and ip.master_port is not None:
+            # A lost node's ranks start on their replacement into the newest generation
+            # (ADR 0035): its store, and the generation they join taking a peer's state.
+            order.env.update(
+                {
+                    "MASTER_ADDR": ip.master_addr or attempt.master_addr,
+                    "MASTER_PORT": str(ip.master_port),
+                    elastic_protocol.ENV_GENERATION: str(ip.generation),
+                }
+            )
+        return order
 
     def keep_only(self, attempt_ids: set[int]) -> None:
         """Evict what was kept for attempts that have ended."""

@@ -6,16 +6,21 @@ whose ranks just failed it says whether they are started again in the same attem
 (:class:`FallBack`, with the reason). :class:`InProcessRung` applies what it says to the
 store, for the :class:`~trainpod.controller.executor.Executor`, which alone stops attempts.
 
-"Confirmed" is: every replaced rank runs again (its agent reports the new process). The
-healthy ranks' half (re-joining the new group on its fresh port) is theirs: one that cannot
-re-join within the deadline exits with 75, and that exit ends the attempt the old way.
+A lost node (its agent silent, its ranks ``lost``) is replaced in the attempt by a free
+node of the job's groups, hot spares first (ADR 0035): the node's ranks move there and
+start fresh in the new generation, taking their state from a healthy peer.
+
+"Confirmed" is: every rank of the attempt beaconed that it joined the new generation
+(ADR 0035; ``generation`` in its beacons). A rank that cannot re-join within the deadline
+exits with 75, and that exit ends the attempt the old way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from trainpod.controller.books import BeaconBook
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.judge import describe_failure, first_failure
 from trainpod.controller.transitions import HEALTHY_NODE_STATES, Transitions
@@ -28,7 +33,7 @@ from trainpod.model.events import (
 )
 from trainpod.model.failures import Failure
 from trainpod.model.recovery import InProcess
-from trainpod.model.states import AttemptState, RankState
+from trainpod.model.states import AttemptState, NodeState, RankState
 from trainpod.store.repo import Store
 from trainpod.store.rows import AttemptRow, RankRow
 
@@ -42,6 +47,7 @@ class RecoverInProcess:
     rank: int  # the rank that failed first
     replaced: tuple[int, ...]
     reason: str
+    moves: tuple[tuple[str, str], ...] = ()  # lost node -> the node its ranks move to
 
 
 @dataclass(frozen=True)
@@ -60,9 +66,14 @@ def decide_rung(
     healthy_nodes: frozenset[str],
     restarts_left: int,
     cancel_requested: bool,
+    free_nodes: Sequence[str] = (),
+    tails: Mapping[int, str] | None = None,
 ) -> RungDecision | None:
     """The rung's call for ``attempt``; None: not this rung's business (not opted in, not
-    running, no new failure, or a recovery still being formed with nothing new)."""
+    running, no new failure, or a recovery still being formed with nothing new).
+
+    ``free_nodes``: where a lost node's ranks may move, in order of preference (hot spares
+    first); ``tails``: the failed ranks' last log lines (a rank that exits 75 says why)."""
     if not opted_in or cancel_requested or attempt.state is not AttemptState.RUNNING:
         return None
     ip = attempt.in_process
@@ -72,19 +83,31 @@ def decide_rung(
         return None
     first = min(failed, key=lambda r: (r.ended_at or float("inf"), r.rank))
     what = describe_failure(first_failure([first], {}) or Failure())
+    gave_up = [r for r in failed if r.exit_code == EXIT_RECOVERY_FAILED]
+    if gave_up:  # before "a second fault": its own words say why (e.g. state not replicated)
+        said = _last_line((tails or {}).get(gave_up[0].rank, ""))
+        why = f"; it said: {said}" if said else ""
+        return FallBack(f"{what} ({EXIT_RECOVERY_FAILED}: it could not re-join its group){why}")
     if ip.pending:
         return FallBack(f"a second fault while generation {ip.generation} was being formed: {what}")
-    if any(r.state is RankState.LOST for r in failed):
-        return FallBack(f"{what}: its ranks cannot be started there")
-    if any(r.exit_code == EXIT_RECOVERY_FAILED for r in failed):
-        return FallBack(f"{what} ({EXIT_RECOVERY_FAILED}: it could not re-join its group)")
-    sick = sorted({r.node for r in failed} - healthy_nodes)
+    lost = sorted({r.node for r in failed if r.state is RankState.LOST})
+    spare = [n for n in free_nodes if n not in attempt.nodes]
+    if len(spare) < len(lost):
+        return FallBack(f"{what}: no free node to start its ranks on in process")
+    moves = tuple(zip(lost, spare, strict=False))
+    sick = sorted({r.node for r in failed} - healthy_nodes - set(lost))
     if sick:
         return FallBack(f"{what}, and {', '.join(sick)} is not healthy")
     if restarts_left <= 0:
         return FallBack(f"{what}; no restarts left (max_restarts)")
-    replaced = tuple(sorted(r.rank for r in failed))
-    return RecoverInProcess(ip.generation + 1, first.rank, replaced, what)
+    # A lost node's every rank starts fresh on its replacement, failed or not yet seen so.
+    replaced = tuple(sorted({r.rank for r in failed} | {r.rank for r in ranks if r.node in lost}))
+    return RecoverInProcess(ip.generation + 1, first.rank, replaced, what, moves)
+
+
+def _last_line(tail: str) -> str:
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
 
 
 @dataclass
@@ -92,14 +115,23 @@ class InProcessRung:
     store: Store
     cfg: ControllerConfig
     tx: Transitions
+    beacons: BeaconBook
+    free_nodes: Callable[[int], list[str]]
+    """For a job: the free healthy nodes its ranks may move to, hot spares first."""
 
     def recovering(
-        self, attempt: AttemptRow, ranks: Sequence[RankRow], restarts_left: int, now: float
+        self,
+        attempt: AttemptRow,
+        ranks: Sequence[RankRow],
+        restarts_left: int,
+        now: float,
+        tails: Mapping[int, str] | None = None,
     ) -> frozenset[int]:
         """Apply the rung to ``attempt`` (a rank report or a stop just touched it); the ranks
         the judge must treat as still running (the ones being started again)."""
         job = self.tx.job(attempt.job_id)
         healthy = frozenset(n.name for n in self.store.nodes() if n.state in HEALTHY_NODE_STATES)
+        lost = any(r.state is RankState.LOST for r in ranks)
         decision = decide_rung(
             opted_in=self.tx.spec(job).recovery == "in-process",
             attempt=attempt,
@@ -107,6 +139,8 @@ class InProcessRung:
             healthy_nodes=healthy,
             restarts_left=restarts_left,
             cancel_requested=job.cancel_requested,
+            free_nodes=self.free_nodes(job.id) if lost else (),
+            tails=tails,
         )
         ip = attempt.in_process
         if isinstance(decision, FallBack):
@@ -119,12 +153,16 @@ class InProcessRung:
     def _start(
         self, attempt: AttemptRow, ranks: Sequence[RankRow], d: RecoverInProcess, now: float
     ) -> frozenset[int]:
-        port = self.tx.new_port(attempt.master_addr)
-        fault_at = min((r.ended_at or now) for r in ranks if r.rank in d.replaced)
+        fault_at = min((r.ended_at or now) for r in ranks if r.failed and r.rank in d.replaced)
+        node = next(r.node for r in ranks if r.rank == d.rank)
+        nodes = self._move(attempt, ranks, dict(d.moves), now) if d.moves else attempt.nodes
+        addr = self.tx.address(nodes[0])  # rank 0's node hosts the new store
+        port = self.tx.new_port(addr)
         deadline = self.cfg.in_process_deadline_s
         ip = InProcess(
             generation=d.generation,
             master_port=port,
+            master_addr=addr,
             replaced=d.replaced,
             fault_rank=d.rank,
             fault_at=fault_at,
@@ -133,7 +171,6 @@ class InProcessRung:
             pending=True,
         )
         self.store.update_attempt(attempt.id, in_process=ip.to_json())
-        node = next(r.node for r in ranks if r.rank == d.rank)
         self.store.append(
             now,
             InProcessRecoveryStarted(
@@ -146,10 +183,37 @@ class InProcessRung:
                 master_port=port,
                 deadline_s=deadline,
                 reason=d.reason,
+                moved=dict(d.moves) or None,
             ),
         )
         self.tx.wake.bump()
         return frozenset(d.replaced)
+
+    def _move(
+        self, attempt: AttemptRow, ranks: Sequence[RankRow], moves: dict[str, str], now: float
+    ) -> list[str]:
+        """A lost node's place in the attempt goes to its replacement (same index, so the
+        same ranks): the node is allocated to the job, the lost one let go, and its ranks
+        wait there to be started fresh (``pending``: the replacement's launch order)."""
+        for lost, new in moves.items():
+            self.tx.set_node(self.tx.node(new), NodeState.ALLOCATED, now, job_id=attempt.job_id)
+            self.tx.release_nodes(attempt.job_id, [lost], now)
+            for r in ranks:
+                if r.node == lost:
+                    self.store.update_rank(
+                        attempt.id,
+                        r.rank,
+                        node=new,
+                        state=RankState.PENDING,
+                        pid=None,
+                        exit_code=None,
+                        signal=None,
+                        started_at=None,
+                        ended_at=None,
+                    )
+        nodes = [moves.get(n, n) for n in attempt.nodes]
+        self.store.update_attempt(attempt.id, nodes=nodes)
+        return nodes
 
     def abandon(self, attempt: AttemptRow, reason: str, now: float) -> None:
         """Give an opted-in attempt's recovery up (or say why none is tried): the fault
@@ -178,8 +242,8 @@ class InProcessRung:
         now: float,
     ) -> bool:
         """A replaced rank runs again (its agent's report): its row goes back to running
-        with the new process; True if so. Once every replaced rank runs, the recovery is
-        done."""
+        with the new process; True if so. The recovery is done once every rank beacons the
+        new generation (:meth:`confirm`)."""
         ip = attempt.in_process
         if not ip.pending or row.rank not in ip.replaced or attempt.state.ended:
             return False
@@ -206,19 +270,43 @@ class InProcessRung:
                 started_at=started_at,
             ),
         )
-        ranks = {r.rank: r for r in self.store.ranks(attempt.id)}
-        if all(ranks[r].state is RankState.RUNNING for r in ip.replaced):
-            self.store.update_attempt(attempt.id, in_process=replace(ip, pending=False).to_json())
-            self.store.append(
-                now,
-                InProcessRecoveryDone(
-                    job_id=attempt.job_id,
-                    attempt=attempt.number,
-                    generation=ip.generation,
-                    rank=ip.fault_rank if ip.fault_rank is not None else row.rank,
-                    duration_s=max(0.0, now - (ip.fault_at or ip.started_at or now)),
-                ),
-            )
+        fresh = self.store.attempt(attempt.id)
+        if fresh is not None:
+            self.confirm(fresh, now)  # its beacon of the generation may have come first
+        return True
+
+    def unconfirmed(self, attempt: AttemptRow) -> list[int]:
+        """The ranks that have not beaconed the attempt's newest generation yet, or (a
+        replaced one) are not recorded as running again: a beacon can arrive in the same
+        heartbeat as, and be read before, the report of the rank's new process."""
+        book = self.beacons.of(attempt.id)
+        g = attempt.in_process.generation
+        return [
+            r.rank
+            for r in self.store.ranks(attempt.id)
+            if r.rank not in book
+            or book[r.rank][0].generation < g
+            or r.state is not RankState.RUNNING
+        ]
+
+    def confirm(self, attempt: AttemptRow, now: float) -> bool:
+        """A pending generation that every rank beaconed is done; True if so."""
+        ip = attempt.in_process
+        if not ip.pending or attempt.state is not AttemptState.RUNNING:
+            return False
+        if self.unconfirmed(attempt):
+            return False
+        self.store.update_attempt(attempt.id, in_process=replace(ip, pending=False).to_json())
+        self.store.append(
+            now,
+            InProcessRecoveryDone(
+                job_id=attempt.job_id,
+                attempt=attempt.number,
+                generation=ip.generation,
+                rank=ip.fault_rank if ip.fault_rank is not None else -1,
+                duration_s=max(0.0, now - (ip.fault_at or ip.started_at or now)),
+            ),
+        )
         return True
 
     def overdue(self, now: float) -> list[tuple[AttemptRow, Failure]]:
@@ -231,16 +319,21 @@ class InProcessRung:
                 continue  # stopping already (cancelled): nothing to give up
             if not ip.pending or ip.deadline_at is None or now < ip.deadline_at:
                 continue
+            rows = self.store.ranks(attempt.id)
             waiting = [
-                r
-                for r in self.store.ranks(attempt.id)
-                if r.rank in ip.replaced and r.state is not RankState.RUNNING
+                r for r in rows if r.rank in ip.replaced and r.state is not RankState.RUNNING
             ]
-            names = ", ".join(str(r.rank) for r in waiting) or "?"
-            why = (
-                f"generation {ip.generation}: rank {names} not running again within "
-                f"{self.cfg.in_process_deadline_s:g} s"
-            )
+            limit = f"{self.cfg.in_process_deadline_s:g} s"
+            if waiting:
+                names = ", ".join(str(r.rank) for r in waiting)
+                why = f"generation {ip.generation}: rank {names} not running again within {limit}"
+            else:
+                names = ", ".join(str(r) for r in self.unconfirmed(attempt)) or "?"
+                why = (
+                    f"generation {ip.generation}: rank {names} did not confirm joining it "
+                    f"(beacon) within {limit}"
+                )
+                waiting = [r for r in rows if r.rank in ip.replaced]
             self.abandon(attempt, why, now)
             first = first_failure(waiting, {}) or Failure()
             out.append((attempt, replace(first, reason=why, fault_at=ip.fault_at)))

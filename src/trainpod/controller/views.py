@@ -298,6 +298,8 @@ def _attempt_info(a: AttemptRow, ranks: list[RankRow]) -> AttemptInfo:
         fault=(a.failure.classified.kind if a.failure.classified else "") or a.cause,
         failure=a.failure.to_json(),
         ranks=[RankInfo.model_validate(r, from_attributes=True) for r in ranks],
+        generation=a.in_process.generation,
+        generation_confirmed=not a.in_process.pending,
     )
 
 

@@ -107,6 +107,10 @@ class Watchdog:
             spec = self.tx.spec(job)
             if self._past_time_limit(attempt, spec, now):
                 continue
+            if attempt.in_process.pending:
+                # Its group is being re-formed in process: no rank steps until every one has
+                # joined, and the rung's own deadline gives that up (ADR 0035), not a hang.
+                continue
             book = self.beacons.of(attempt.id)
             ranks = self.store.ranks(attempt.id)
             # Ranks that exited (0: any other exit stops the attempt) stopped beaconing on

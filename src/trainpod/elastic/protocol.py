@@ -9,7 +9,8 @@ The agent tells every rank of an opted-in job, in its environment:
 * for a rank started as a replacement, ``TRAINPOD_RECOVER_GENERATION`` (the generation it
   joins) with ``MASTER_ADDR``/``MASTER_PORT`` of the new group.
 
-A rank acts on a message whose ``generation`` is newer than its own.
+A rank acts on a message of its own attempt (``TRAINPOD_ATTEMPT_ID``) whose ``generation``
+is newer than its own.
 """
 
 from __future__ import annotations
@@ -106,9 +107,14 @@ class RecoverWatch:
     """A rank's view of its recover file: :meth:`poll` costs one ``stat`` while it is
     unchanged, and returns a message only when it is newer than ``generation``."""
 
-    def __init__(self, path: Path | None, generation: int = 0) -> None:
+    def __init__(
+        self, path: Path | None, generation: int = 0, attempt_id: int | None = None
+    ) -> None:
         self.path = path
         self.generation = generation
+        self.attempt_id = attempt_id
+        """Only this attempt's messages count: the file outlives its attempt in the job's
+        scratch dir, and the next attempt (a full restart) starts again at generation 0."""
         self._seen: tuple[int, int] | None = None
         self._last: Recover | None = None
 
@@ -128,4 +134,6 @@ class RecoverWatch:
             except FileNotFoundError:
                 return None
         last = self._last
-        return last if last is not None and last.generation > self.generation else None
+        if last is None or (self.attempt_id is not None and last.attempt_id != self.attempt_id):
+            return None
+        return last if last.generation > self.generation else None

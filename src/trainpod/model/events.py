@@ -592,12 +592,15 @@ class InProcessRecoveryStarted(KnownEvent):
     master_port: int
     deadline_s: float
     reason: str = ""
+    moved: dict[str, str] | None = field(default=None, metadata=_OMIT_NONE)
+    """A lost node -> the node its ranks start on (a hot spare first; ADR 0035)."""
 
 
 @_register
 @dataclass(frozen=True, kw_only=True)
 class InProcessRecoveryDone(KnownEvent):
-    """Every replaced rank of ``generation`` runs again: ``duration_s`` from the fault."""
+    """Every rank beaconed that it joined ``generation`` (ADR 0035): ``duration_s`` from the
+    fault to the last of those beacons."""
 
     kind = "in_process_recovery_done"
     job_id: int

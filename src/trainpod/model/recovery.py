@@ -12,11 +12,12 @@ class InProcess:
 
     ``generation`` 0: never recovered in process (the attempt's own group). While
     ``pending``, the ranks in ``replaced`` are being started again on ``master_port``; the
-    recovery is confirmed once each of them runs again (its agent reports the new process),
-    and abandoned for a full restart at ``deadline_at`` otherwise."""
+    recovery is confirmed once every rank beacons the generation (ADR 0035), and abandoned
+    for a full restart at ``deadline_at`` otherwise."""
 
     generation: int = 0
     master_port: int | None = None
+    master_addr: str | None = None  # the new store's host (rank 0's node; None: the attempt's)
     replaced: tuple[int, ...] = ()
     fault_rank: int | None = None
     fault_at: float | None = None

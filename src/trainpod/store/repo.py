@@ -45,8 +45,16 @@ _JOB_COLUMNS = {
     "external",
     "held_by",
 }
-_ATTEMPT_COLUMNS = {"state", "started_at", "ended_at", "cause", "failure", "in_process"}
-_RANK_COLUMNS = {"state", "pid", "exit_code", "signal", "started_at", "ended_at"}
+_ATTEMPT_COLUMNS = {
+    "state",
+    "started_at",
+    "ended_at",
+    "cause",
+    "failure",
+    "in_process",
+    "nodes",  # a lost node's place taken by a spare in process (ADR 0035)
+}
+_RANK_COLUMNS = {"state", "pid", "exit_code", "signal", "started_at", "ended_at", "node"}
 
 
 def _encode(value: Any) -> Any:

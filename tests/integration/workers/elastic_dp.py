@@ -5,14 +5,18 @@ Each step's batch is a function of the step and the rank only, so a rolled-back 
 exactly what it did. Every rank writes ``<out>/rank-<r>.json`` at the end: its pid, the
 final loss on a fixed probe batch, the parameters, the steps it ran and its recoveries.
 
-``--steps N --out DIR [--step-sleep S] [--mark-at K] [--ddp]``: after step K the rank touches
-``<out>/at-<K>-rank-<r>`` (the test waits for it before injecting a fault).
+``--steps N --out DIR [--step-sleep S] [--mark-at K] [--ddp] [--sharded]``: after step K the
+rank touches ``<out>/at-<K>-rank-<r>`` (the test waits for it before injecting a fault).
+``--sharded`` tells ``elastic.run`` the state is not replicated (a replaced peer cannot be
+given it). Each time a group is formed the rank notes a hash of its whole state
+(``group_hashes``): a replacement's equals its peers' bit for bit.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -31,6 +35,7 @@ p.add_argument("--mark-at", type=int, default=-1)
 p.add_argument("--timeout-s", type=float, default=5.0)
 p.add_argument("--wait-s", type=float, default=60.0)
 p.add_argument("--ddp", action="store_true", help="DistributedDataParallel, rebuilt per group")
+p.add_argument("--sharded", action="store_true", help="elastic.run(replicated=False)")
 args = p.parse_args()
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -42,8 +47,24 @@ ran: list[int] = []
 wrapped: list[torch.nn.Module] = [model]  # what the step runs: DDP(model) with --ddp
 
 
+group_hashes: list[str] = []
+
+
+def state_hash() -> str:
+    """The bytes of every tensor of the model and the optimizer, in a fixed order."""
+    h = hashlib.sha256()
+    tensors = list(model.state_dict().items())
+    for pid, st in sorted(opt.state_dict()["state"].items()):
+        tensors += [(f"{pid}.{k}", v) for k, v in sorted(st.items()) if torch.is_tensor(v)]
+    for name, t in tensors:
+        h.update(name.encode())
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def new_group() -> None:
     """A DDP module is bound to its process group: a new group needs a new one."""
+    group_hashes.append(state_hash())
     if args.ddp:
         wrapped[0] = torch.nn.parallel.DistributedDataParallel(model)
 
@@ -79,6 +100,7 @@ result = elastic.run(
     timeout_s=args.timeout_s,
     wait_s=args.wait_s,
     on_group=new_group,
+    replicated=not args.sharded,
 )
 probe_x, probe_y = batch(10**6, 0)
 with torch.no_grad():
@@ -93,6 +115,8 @@ out = {
     "generation": result.generation,
     "recoveries": [dataclasses.asdict(r) for r in result.recoveries],
     "recover_file": os.environ.get("TRAINPOD_RECOVER_FILE", ""),
+    "group_hashes": group_hashes,
+    "node": os.environ.get("TRAINPOD_NODE", ""),
 }
 tmp = args.out / f".rank-{rank}.json.tmp"
 tmp.write_text(json.dumps(out))
