@@ -149,33 +149,6 @@ def test_a_restarted_agent_without_ranks_loses_them(cluster: Cluster) -> None:
     assert c.node_states() == {"workers-0": "idle", "workers-1": "idle"}
 
 
-def test_an_attempt_its_agent_stops_listing_loses_its_ranks_there(cluster: Cluster) -> None:
-    """A second line of defence: an agent lists an attempt until the controller has recorded
-    every rank of it ending; one it drops (a defect on the agent's side) would otherwise
-    stay ``running`` for ever."""
-    c = cluster
-    job = c.submit(nodes=2, procs=2)
-    c.start(job)
-    a0 = c.agents["workers-0"]
-    a0.beat()  # nothing dropped: nothing lost
-    assert [r.state for r in c.job(job).attempts[0].ranks] == ["running"] * 4
-    a0.drop(c.attempt_id(job))
-    a0.beat()
-    attempt = c.job(job).attempts[0]
-    assert [r.state for r in attempt.ranks] == ["lost", "lost", "running", "running"]
-    assert (attempt.state, attempt.cause) == ("stopping", "node_lost")
-    reasons = {e.data["reason"] for e in c.events("rank_lost", job_id=job)}
-    assert reasons == {"its agent stopped reporting it (a defect)"}
-    a0.beat()  # lost once, not again
-    assert len(c.events("rank_lost", job_id=job)) == 2
-
-    a1 = c.agents["workers-1"]
-    a1.kill_ranks(a1.beat())
-    a1.beat()
-    assert c.job(job).state == "failed"
-    assert c.node_states() == {"workers-0": "idle", "workers-1": "idle"}
-
-
 def test_an_agent_restarting_on_an_allocated_node_while_its_setup_reruns(
     cluster: Cluster,
 ) -> None:

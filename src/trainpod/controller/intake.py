@@ -8,7 +8,6 @@ reports (started, exited, lost with a restarted agent), health and chaos acknowl
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,8 +36,6 @@ from trainpod.model.states import NodeState, RankState
 from trainpod.scheduler.base import Preempt
 from trainpod.store.repo import Store
 from trainpod.store.rows import NodeRow
-
-log = logging.getLogger(__name__)
 
 # Nodes that a failed health check no longer moves (already out of service).
 _FAULT_FREE = {NodeState.QUARANTINED, NodeState.REPAIRING, NodeState.RETIRED, NodeState.STOPPED}
@@ -72,9 +69,6 @@ class HeartbeatIngest:
     running: dict[str, set[int]] = field(
         default_factory=dict, init=False
     )  # node -> attempts with live ranks there
-    listed: dict[str, set[int]] = field(
-        default_factory=dict, init=False
-    )  # node -> attempts its agent listed in its last beat
     facts_written: dict[str, _Facts] = field(
         default_factory=dict, init=False
     )  # node -> what its facts column was last written from (one entry per node)
@@ -90,7 +84,6 @@ class HeartbeatIngest:
         touched = self._rank_reports(node.name, hb.attempts, now)
         if new_agent:
             touched |= self._lose_unreported(node.name, hb.attempts, now)
-        touched |= self._lose_dropped(node.name, hb.attempts, now, new_agent)
         self.running[node.name] = {
             a.attempt_id for a in hb.attempts if any(r.state == "running" for r in a.ranks)
         }
@@ -312,34 +305,6 @@ class HeartbeatIngest:
                 if live and (attempt.id, r.rank) not in reported:
                     self.tx.lose_rank(attempt, r.rank, node, now, "agent restarted")
                     touched.add(attempt.id)
-        return touched
-
-    def _lose_dropped(
-        self, node: str, reports: list[AttemptReport], now: float, new_agent: bool
-    ) -> set[int]:
-        """The same agent stopped listing an attempt whose ranks here have not all ended.
-
-        An agent lists an attempt in every beat until the controller has recorded every rank
-        of it ending (``Launcher.delivered``), so this is a defect on the agent's side (one
-        was: an attempt dropped between two spawns, its second rank never reported); its
-        ranks are lost rather than left ``running`` forever. Cheap: only attempts listed in
-        the previous beat and missing from this one are looked up."""
-        listed = {a.attempt_id for a in reports}
-        dropped = set() if new_agent else self.listed.get(node, set()) - listed
-        self.listed[node] = listed
-        touched: set[int] = set()
-        for attempt_id in sorted(dropped):
-            attempt = self.store.attempt(attempt_id)
-            if attempt is None or attempt.state.ended:
-                continue
-            for r in self.store.ranks(attempt.id):
-                if r.node == node and not r.state.ended:
-                    self.tx.lose_rank(
-                        attempt, r.rank, node, now, "its agent stopped reporting it (a defect)"
-                    )
-                    touched.add(attempt.id)
-        if touched:
-            log.error("node %s: attempts %s dropped by their agent; ranks lost", node, touched)
         return touched
 
     def _health(self, name: str, hb: Heartbeat, now: float) -> None:

@@ -379,11 +379,6 @@ class FakeAgent:
         """Attempts whose ranks this agent still holds (running or exit not yet delivered)."""
         return sorted(self._runs)
 
-    def drop(self, attempt_id: int) -> None:
-        """Forget an attempt without its ranks' end delivered, as an agent with a defect
-        would (the same agent process goes on beating without it)."""
-        del self._runs[attempt_id]
-
     def restarted(self) -> FakeAgent:
         """A new agent process on the same node: new id and pid, no ranks, no orders, no
         health or deep-check results; the same clock."""
