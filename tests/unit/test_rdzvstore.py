@@ -97,29 +97,31 @@ class Gated:
         return tcp_store(addr, port)
 
 
-def test_the_ranks_start_once_the_store_is_up_and_beats_never_wait_for_it() -> None:
+def test_a_store_opens_in_a_thread_and_beats_never_wait_for_it() -> None:
     gate, clock = Gated(), Ticks()
     stores = RendezvousStores(factory=gate, clock=clock)
     port = free_port(ADDR)
-    started: list[bool] = []
-    stores.open_then(3, ADDR, port, lambda: started.append(listening(port)))
-    stores.open_then(3, ADDR, port, lambda: started.append(False))  # the order again: no-op
+    stores.open_soon(3, ADDR, port)  # returns while torch would still be importing
+    stores.open_soon(3, ADDR, port)  # the launch order again: the same opening
     assert stores.keep([3], asked_at=clock.t + 1) == []  # not blocked by the opening
-    assert started == []
+    assert stores.hosts(3) and stores.ports() == {3: []}
+    rank = threading.Thread(target=lambda: client(port).set("k", "v"))  # a rank came first:
+    rank.start()  # its client retries the refused connection
     gate.go.set()
-    wait_until(lambda: started, timeout_s=30, what="the ranks to be started")
-    assert started == [True]  # the store was listening before they started
-    stores.open_then(3, ADDR, port, lambda: started.append(True))  # open: at once
-    assert started == [True, True]
+    wait_until(lambda: listening(port), timeout_s=30, what="the store to listen")
+    rank.join(30)
+    assert not rank.is_alive()
+    assert client(port).get("k") == b"v"
+    stores.open_soon(3, ADDR, port)  # open already: nothing happens
+    assert stores.ports() == {3: [port]}
     stores.close_all()
 
 
-def test_an_attempt_that_ends_while_its_store_opens_starts_nothing() -> None:
+def test_an_attempt_that_ends_while_its_store_opens_leaves_no_store() -> None:
     gate, clock = Gated(), Ticks()
     stores = RendezvousStores(factory=gate, clock=clock)
     port = free_port(ADDR)
-    started: list[int] = []
-    stores.open_then(5, ADDR, port, lambda: started.append(5))
+    stores.open_soon(5, ADDR, port)
     assert stores.keep([], asked_at=clock.t + 1) == [5]  # cancelled meanwhile
     gate.go.set()
     wait_until(
@@ -127,5 +129,5 @@ def test_an_attempt_that_ends_while_its_store_opens_starts_nothing() -> None:
         timeout_s=30,
         what="the opener to finish",
     )
-    assert started == [] and stores.ports() == {}
+    assert stores.ports() == {}
     assert not listening(port)  # the store it made was dropped

@@ -10,7 +10,6 @@ delivers every exit that happened meanwhile.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -191,7 +190,8 @@ class Agent:
                 self._chaos.execute(orders.chaos)
             for recover in orders.recover:
                 if self._stores.hosts(recover.attempt_id):  # the new generation's store
-                    self._stores.open(recover.attempt_id, recover.master_addr, recover.master_port)
+                    addr, port = recover.master_addr, recover.master_port
+                    self._stores.open_soon(recover.attempt_id, addr, port)
                 if self.launcher.recover(recover):
                     log.info(
                         "order: recover attempt %d in process, generation %d",
@@ -199,12 +199,10 @@ class Agent:
                         recover.generation,
                     )
             for launch in orders.launch:
-                if _leads(launch):  # the store is up before the first rank starts
+                if _leads(launch):  # opening, in parallel with the ranks' start (ADR 0028)
                     addr, port = launch.env["MASTER_ADDR"], int(launch.env["MASTER_PORT"])
-                    start = functools.partial(self._launch, launch)
-                    self._stores.open_then(launch.attempt_id, addr, port, start)
-                else:
-                    self._launch(launch)
+                    self._stores.open_soon(launch.attempt_id, addr, port)
+                self._launch(launch)
             self._stores.keep(orders.stores, asked_at=asked_at)
 
     def _launch(self, launch: LaunchOrder) -> None:

@@ -16,9 +16,11 @@ store was opened may close it (:meth:`RendezvousStores.keep`'s ``asked_at``): a 
 heartbeat sent before the launch cannot know of the attempt.
 
 torch is imported on the first store, so an agent that never leads an attempt never loads it.
-That import can take many seconds on a loaded node: :meth:`RendezvousStores.open_then` opens a
-store in a thread of its own and starts the ranks after it, so the agent's heartbeats never
-wait for it.
+That import takes seconds (15-30 s at load 16 on the CI box): :meth:`RendezvousStores.open_soon`
+opens a store in a thread of its own and the ranks start at once, in parallel with it. A rank
+imports torch itself before it connects, and a c10d client retries a refused connection until
+its timeout, so a rank that comes first waits for the store as ranks on other nodes always
+have; the agent's heartbeats never wait for it.
 """
 
 from __future__ import annotations
@@ -108,23 +110,16 @@ class RendezvousStores:
         log.info("attempt %d: hosting its rendezvous store on %s:%d", attempt_id, addr, port)
         return True
 
-    def open_then(self, attempt_id: int, addr: str, port: int, then: Callable[[], None]) -> None:
-        """Open the store as :meth:`open` does, then call ``then`` (start the ranks): at once
-        when it is open already, else in a thread once it is opened (or could not be: the
-        ranks then fail to meet). Called again while that thread runs, it does nothing. If
-        :meth:`keep` closes the attempt first, ``then`` is never called."""
+    def open_soon(self, attempt_id: int, addr: str, port: int) -> None:
+        """Open the store as :meth:`open` does, in a thread of its own: returns at once, so
+        the caller (the agent's beat) never waits for torch's import. Called again while that
+        thread runs, or once the store is open, it does nothing. If :meth:`keep` closes the
+        attempt before the store is up, the store is dropped as soon as it is made."""
         with self._lock:
             hosted = self._hosted.setdefault(attempt_id, _Hosted(self._clock()))
-            if port in hosted.stores:
-                ready = True
-            elif (attempt_id, port) in self._opening:
+            if port in hosted.stores or (attempt_id, port) in self._opening:
                 return
-            else:
-                ready = False
-                self._opening.add((attempt_id, port))
-        if ready:
-            then()
-            return
+            self._opening.add((attempt_id, port))
 
         def run() -> None:
             try:
@@ -132,12 +127,8 @@ class RendezvousStores:
             finally:
                 with self._lock:
                     self._opening.discard((attempt_id, port))
-                    live = self._hosted.get(attempt_id) is hosted
-            if live:
-                then()
 
-        name = f"rdzv-store-{attempt_id}"
-        threading.Thread(target=run, name=name, daemon=True).start()
+        threading.Thread(target=run, name=f"rdzv-store-{attempt_id}", daemon=True).start()
 
     def hosts(self, attempt_id: int) -> bool:
         with self._lock:
