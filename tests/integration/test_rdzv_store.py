@@ -52,7 +52,7 @@ def final_loss(cluster: Cluster, job_id: int) -> str:
     return found.group(1)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 def test_an_unmodified_torchrun_script_resumes_from_its_own_snapshot(
     cluster: Cluster, tmp_path: Path
 ) -> None:
