@@ -77,7 +77,9 @@ def test_torchelastic_variables(cfg: ControllerConfig) -> None:
     assert env["TORCHELASTIC_RUN_ID"] == "demo-job-7"
     assert env["TORCHELASTIC_RESTART_COUNT"] == "1"  # attempt 2 is the first restart
     assert env["TORCHELASTIC_MAX_RESTARTS"] == "3"  # the cluster's default
-    assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+    assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # the leader agent hosts it
+    held = JobSpec(command=["x"], interactive=True)  # an allocation: no store to host
+    assert order(cfg, 0, held).env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
     spec = JobSpec(command=["x"], max_restarts=0)
     assert order(cfg, 0, spec).env["TORCHELASTIC_MAX_RESTARTS"] == "0"  # None means default
 

@@ -24,10 +24,11 @@ from trainpod.agent.launcher import Launcher, Notice
 from trainpod.agent.lifecycle import LifecycleRunner
 from trainpod.agent.monitor import DeepChecker, HealthMonitor
 from trainpod.agent.persisters import CheckpointHub
+from trainpod.agent.rdzvstore import RendezvousStores
 from trainpod.agent.slurmnotice import SlurmNoticeWatch
 from trainpod.agent.tensorboard import TensorBoardTap
 from trainpod.api.devices import DeviceSample
-from trainpod.api.models import AttemptReport, Heartbeat, Orders
+from trainpod.api.models import AttemptReport, Heartbeat, LaunchOrder, Orders
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import ControllerUnavailable, TrainpodError
 
@@ -58,11 +59,13 @@ class Agent:
         slurm_notice: SlurmNoticeWatch | None = None,
         tensorboard: TensorBoardTap | None = None,
         telemetry: DeviceTelemetry | None = None,
+        stores: RendezvousStores | None = None,
     ) -> None:
         """``facts`` is a zero-argument callable returning the node's current facts.
 
         ``beacons``, ``health``, ``deep`` and ``chaos`` are optional parts: progress beacons
-        from the workers, scheduled health checks, the deep check and fault injection."""
+        from the workers, scheduled health checks, the deep check and fault injection.
+        ``stores``: the rendezvous stores this node hosts for the attempts it leads."""
         self.node = node
         self.address = address
         self.agent_id = uuid.uuid4().hex
@@ -88,6 +91,7 @@ class Agent:
         self._slurm_notice = slurm_notice  # Slurm's preemption notice (the batch trap's file)
         self._tensorboard = tensorboard  # rank 0's beacons -> the job's TensorBoard scalars
         self._telemetry = telemetry  # per-device readings (NVML, or simulated) for each beat
+        self._stores = stores or RendezvousStores()  # the attempts' c10d stores (ADR 0028)
         self.exit_code = 0
 
     def notify(self) -> None:
@@ -124,6 +128,7 @@ class Agent:
             telemetry=self._device_samples(reports),
             **self._allocation,
         )
+        asked_at = time.monotonic()  # orders made after this know of every store opened before
         try:
             orders = self._client.heartbeat(hb)
         except ControllerUnavailable as exc:
@@ -143,7 +148,7 @@ class Agent:
                 self._beacons.forget(gone)
                 if self._tensorboard is not None:
                     self._tensorboard.forget(gone)
-        self._apply(orders)
+        self._apply(orders, asked_at)
         return orders
 
     def _device_samples(self, reports: list[AttemptReport]) -> list[DeviceSample]:
@@ -166,7 +171,7 @@ class Agent:
         theirs, ours = self._skew
         return theirs + (time.time() - ours)
 
-    def _apply(self, orders: Orders) -> None:
+    def _apply(self, orders: Orders, asked_at: float) -> None:
         with self._send_lock:
             self._orders_hash = orders.hash
             self._interval = orders.heartbeat_interval_s
@@ -184,6 +189,9 @@ class Agent:
             if self._chaos is not None and orders.chaos:
                 self._chaos.execute(orders.chaos)
             for recover in orders.recover:
+                if self._stores.hosts(recover.attempt_id):  # the new generation's store
+                    addr, port = recover.master_addr, recover.master_port
+                    self._stores.open_soon(recover.attempt_id, addr, port)
                 if self.launcher.recover(recover):
                     log.info(
                         "order: recover attempt %d in process, generation %d",
@@ -191,15 +199,23 @@ class Agent:
                         recover.generation,
                     )
             for launch in orders.launch:
-                if self._tensorboard is not None:  # before its ranks can send a beacon
-                    self._tensorboard.watch(launch)
-                if self.launcher.launch(launch):
-                    log.info(
-                        "order: launched attempt %d of job %d, ranks %s",
-                        launch.attempt_id,
-                        launch.job_id,
-                        [r.rank for r in launch.ranks],
-                    )
+                if _leads(launch):  # opening, in parallel with the ranks' start (ADR 0028)
+                    addr, port = launch.env["MASTER_ADDR"], int(launch.env["MASTER_PORT"])
+                    self._stores.open_soon(launch.attempt_id, addr, port)
+                self._launch(launch)
+            self._stores.keep(orders.stores, asked_at=asked_at)
+
+    def _launch(self, launch: LaunchOrder) -> None:
+        """Start this node's ranks of an attempt (idempotent; thread-safe)."""
+        if self._tensorboard is not None:  # before its ranks can send a beacon
+            self._tensorboard.watch(launch)
+        if self.launcher.launch(launch):
+            log.info(
+                "order: launched attempt %d of job %d, ranks %s",
+                launch.attempt_id,
+                launch.job_id,
+                [r.rank for r in launch.ranks],
+            )
 
     # -- threads ------------------------------------------------------------------------
     def _beat_loop(self) -> None:
@@ -249,7 +265,15 @@ class Agent:
         if self.launcher.pids():
             log.info("stopping %d workers", len(self.launcher.pids()))
         self.launcher.shutdown(self._grace)
+        self._stores.close_all()
         try:
             self._beat(0.0, leaving=True)
         except TrainpodError as exc:
             log.warning("could not say goodbye to the controller: %s", exc)
+
+
+def _leads(order: LaunchOrder) -> bool:
+    """This node hosts the attempt's rendezvous store: it runs group rank 0 and the ranks
+    are told to connect to an agent's store (ADR 0028)."""
+    env = order.env
+    return env.get("GROUP_RANK") == "0" and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"

@@ -255,6 +255,11 @@ class Orders(_Model):
     leave: int | None = Field(
         default=None, description="Slurm: the allocation's job ended; exit with this code"
     )
+    stores: list[int] = Field(
+        default_factory=list,
+        description="attempts not ended whose rendezvous store this node's agent hosts"
+        " (the node of group rank 0; ADR 0028); the agent closes the store of any other",
+    )
     controller_time: float = Field(default=0.0, description="not part of the hash")
     hash: str = ""
 

@@ -77,7 +77,10 @@ def node_env(
             "TORCHELASTIC_MAX_RESTARTS": str(
                 spec.max_restarts if spec.max_restarts is not None else cfg.max_restarts
             ),
-            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            # The node leader's agent hosts the store at MASTER_ADDR:MASTER_PORT, as
+            # torchrun's does: every rank is a client, any may exit first (ADR 0028). An
+            # allocation's hold has no ranks to meet; its steps' rank 0 hosts theirs.
+            "TORCHELASTIC_USE_AGENT_STORE": str(not spec.interactive),
             "TRAINPOD_CLUSTER": cfg.cluster,
             # A cluster deleted and created again under its name is another cluster: its
             # job 1 must not find the old job 1's files in /dev/shm.

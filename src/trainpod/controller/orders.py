@@ -66,11 +66,14 @@ class OrderDesk:
         launch: list[LaunchOrder] = []
         kill: list[KillOrder] = []
         recover: list[RecoverOrder] = []
+        stores: list[int] = []  # the attempts whose store this node's agent hosts (ADR 0028)
         active: set[int] = set()
         for attempt in shared.attempts:
             if node not in attempt.nodes:
                 continue
             active.add(attempt.id)
+            if attempt.nodes[0] == node:
+                stores.append(attempt.id)
             if attempt.id not in shared.ranks:
                 shared.ranks[attempt.id] = self.store.ranks(attempt.id)
             mine = [r for r in shared.ranks[attempt.id] if r.node == node]
@@ -98,6 +101,7 @@ class OrderDesk:
             heartbeat_interval_s=self.cfg.heartbeat_interval_s,
             active_jobs=shared.live.get(node, []),
             leave=self.scheduling.leave_code(row),
+            stores=stores,
         ).sealed()
 
     def kill_order(self, attempt: AttemptRow) -> KillOrder:

@@ -193,6 +193,7 @@ class _Loop:
         )
         self.addr = env["MASTER_ADDR"]
         self.port = int(env["MASTER_PORT"])
+        self.agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
         self.snapshots: deque[_Snapshot] = deque(maxlen=2)
         self.store: dist.TCPStore | None = None
         self.result = RunResult(steps=0, generation=self.generation)
@@ -322,13 +323,14 @@ class _Loop:
             time.sleep(_POLL_S)
 
     def _join(self, addr: str, port: int, *, deadline_s: float) -> None:
-        # Rank 0 hosts the store, as every attempt's rank 0 does (env://): a fresh port per
-        # generation, so nothing of the old group can answer.
+        # A fresh port per generation, so nothing of the old group can answer. The node
+        # leader's agent hosts each generation's store as it hosts the attempt's (ADR 0028);
+        # without an agent (TORCHELASTIC_USE_AGENT_STORE not True) rank 0 does, as env:// does.
         self.store = dist.TCPStore(
             addr,
             port,
             self.world,
-            is_master=self.rank == 0,
+            is_master=self.rank == 0 and not self.agent_store,
             timeout=datetime.timedelta(seconds=deadline_s),
         )
         dist.init_process_group(
