@@ -20,6 +20,7 @@ from trainpod.agent.devices import DeviceTelemetry, SimulatedReader
 from trainpod.api.app import create_app
 from trainpod.api.models import ClusterInfo
 from trainpod.controller.access import operator
+from trainpod.controller.core import Controller
 from trainpod.controller.metrics import ClusterMetrics
 from trainpod.store.scan import events_of_jobs, job_facts
 from trainpod.telemetry.exposition import render
@@ -188,16 +189,7 @@ def test_a_long_history_is_worked_off_over_the_first_scrapes(cluster: HealingClu
     ctl = c.controller
 
     def collector(**bounds: Any) -> ClusterMetrics:
-        return ClusterMetrics(
-            ctl.store,
-            ctl.cfg,
-            ctl._lock,
-            ctl.beacons,
-            ctl.telemetry,
-            ctl.planner,
-            ctl.clock.now,
-            **bounds,
-        )
+        return _collector(ctl, **bounds)
 
     def names(scrape: Scrape) -> set[str]:
         return {m.name for m in families(scrape)}
@@ -242,16 +234,7 @@ def test_a_long_history_is_worked_off_over_the_first_scrapes(cluster: HealingClu
 def test_bounds_below_one_are_refused(cluster: HealingCluster) -> None:
     ctl = cluster.controller
     with pytest.raises(ValueError, match="must be at least 1"):
-        ClusterMetrics(
-            ctl.store,
-            ctl.cfg,
-            ctl._lock,
-            ctl.beacons,
-            ctl.telemetry,
-            ctl.planner,
-            ctl.clock.now,
-            ended_chunk=0,
-        )
+        _collector(ctl, ended_chunk=0)
 
 
 def test_goodput_from_the_scrapes_reads_is_the_api_s(cluster: HealingCluster) -> None:
@@ -285,7 +268,17 @@ def test_a_job_submitted_after_the_scrape_read_the_jobs_counts_for_its_team(
     cluster: HealingCluster,
 ) -> None:
     ctl = cluster.controller
-    metrics = ClusterMetrics(
+    metrics = _collector(ctl)
+    job = cluster.submit(team="vision")
+    cluster.start(job)
+    metrics._fold(0.0)  # the log is folded after the heads are read: this job is new to it
+    assert metrics.tally.attempts["vision"] == 1
+    assert "unknown" not in metrics.tally.attempts
+
+
+def _collector(ctl: Controller, **bounds: Any) -> ClusterMetrics:
+    """A fresh collector on ``ctl``'s store and books, as the controller builds its own."""
+    return ClusterMetrics(
         ctl.store,
         ctl.cfg,
         ctl._lock,
@@ -293,9 +286,5 @@ def test_a_job_submitted_after_the_scrape_read_the_jobs_counts_for_its_team(
         ctl.telemetry,
         ctl.planner,
         ctl.clock.now,
+        **bounds,
     )
-    job = cluster.submit(team="vision")
-    cluster.start(job)
-    metrics._fold(0.0)  # the log is folded after the heads are read: this job is new to it
-    assert metrics.tally.attempts["vision"] == 1
-    assert "unknown" not in metrics.tally.attempts
