@@ -106,6 +106,16 @@ SAMPLES: list[tuple[ev.Event, dict[str, Any]]] = [
         ),
     ),
     (
+        ev.AuthThrottled(client="10.0.0.7", failures=10, window_s=60.0, retry_after_s=42.0),
+        dict(
+            kind="auth_throttled",
+            client="10.0.0.7",
+            failures=10,
+            window_s=60.0,
+            retry_after_s=42.0,
+        ),
+    ),
+    (
         ev.TokenIssued(user="alice", token_id="ab12cd34", by="root"),
         dict(kind="token_issued", user="alice", token_id="ab12cd34", by="root"),
     ),
