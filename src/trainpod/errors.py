@@ -43,3 +43,13 @@ class ControllerUnavailable(Retryable):
 class StoreUnavailable(Retryable):
     """The controller's database cannot be written now (locked by another process, its disk
     full): nothing was applied; the API answers 503 and the call may be retried."""
+
+
+class IdempotencyKeyInvalid(SpecError):
+    """An ``Idempotency-Key`` header that is too long or has characters a key may not have
+    (the API answers 400, naming the limit)."""
+
+
+class IdempotencyKeyReused(Conflict):
+    """An ``Idempotency-Key`` sent again with another request than the first time (the API
+    answers 422, as the IETF draft says; the message names the key and what differs)."""

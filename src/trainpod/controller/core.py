@@ -48,6 +48,7 @@ from trainpod.controller.energy import EnergyViews
 from trainpod.controller.executor import Executor
 from trainpod.controller.external import Scheduling
 from trainpod.controller.history import ProgressPoint
+from trainpod.controller.idempotency import Replays, Request
 from trainpod.controller.intake import HeartbeatIngest
 from trainpod.controller.interactive import Interactive
 from trainpod.controller.jobs import JobCommands
@@ -118,6 +119,7 @@ class Controller:
         self.operators = Operators(store, tx, sched, executor, repair)
         self.allocations = Allocations(store, cfg, tx, ports, leases=sched.leases_allocations)
         self.jobs = jobs = JobCommands(store, cfg, tx, sched, executor, self.allocations)
+        self.replays = Replays(store)
         self.interactive = Interactive(lock, store, clock, tx, self.wake, self.allocations, jobs)
         self.chaos_desk = ChaosDesk(store, tx, chaos)
         self.startup = Startup(store, cfg, sched, self.allocations, self.access)
@@ -148,6 +150,21 @@ class Controller:
         resolved = self.admission.resolve(spec)
         with self._command() as now:
             return self.jobs.submit(resolved, now)
+
+    def submit_once(self, spec: JobSpec, by: Principal, key: str) -> tuple[int, bool]:
+        """:meth:`submit` with an idempotency key (ADR 0037): the job made by ``by``'s first
+        call with ``key`` and True if there was one for the same spec, else the new job's id
+        and False. :class:`~trainpod.errors.IdempotencyKeyReused` if that call's spec was
+        another; the check and the job's creation are one transaction."""
+        request = Request.submit(spec)
+        resolved = self.admission.resolve(spec.model_copy(update=owned_by(by)))
+        with self._command() as now:
+            made = self.replays.made(by.name, key, request, now)
+            if made is not None:
+                return made, True
+            job_id = self.jobs.submit(resolved, now)
+            self.replays.remember(by.name, key, request, job_id, now)
+            return job_id, False
 
     def plan(self, spec: JobSpec, by: Principal | None = None) -> LaunchPlan:
         """What :meth:`submit` would launch if the job were placed now (``--dry-run``)."""

@@ -170,4 +170,20 @@ MIGRATIONS: list[str] = [
         env TEXT NOT NULL
     );
     """,
+    # 10: the Idempotency-Key of a creating call (ADR 0037), per caller: what it made, the
+    # request as received (secret values masked, to name what a reuse changed) and a salted
+    # SHA-256 of the whole request; kept 24 h from the first call (pruned by later ones)
+    """
+    CREATE TABLE idempotency_keys (
+        owner TEXT NOT NULL,
+        key TEXT NOT NULL,
+        operation TEXT NOT NULL,
+        made INTEGER NOT NULL,
+        request TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (owner, key)
+    );
+    CREATE INDEX idempotency_keys_age ON idempotency_keys(created_at);
+    """,
 ]
