@@ -24,6 +24,7 @@ from trainpod.api.heartbeat import (
     error_reply,
     serve_beat,
 )
+from trainpod.api.idempotency import REPLAYED, SUBMIT_RESPONSES, IdemKey, key_reused
 from trainpod.api.models import (
     AllocationLease,
     ChaosOrder,
@@ -52,10 +53,11 @@ from trainpod.api.models import (
 from trainpod.api.throttle import AuthThrottle
 from trainpod.controller.access import AGENT, Action, Principal, operator
 from trainpod.controller.core import Controller
+from trainpod.controller.idempotency import parse_key
 from trainpod.controller.launch import rank_log_path, read_log_chunk
 from trainpod.dashboard import cookie_token, is_ui, login_redirect, public_path
 from trainpod.dashboard import mount as mount_dashboard
-from trainpod.errors import TrainpodError
+from trainpod.errors import IdempotencyKeyReused, TrainpodError
 from trainpod.spec.job import JobSpec
 from trainpod.store.accounts import TokenRow, UserRow
 from trainpod.telemetry.exposition import CONTENT_TYPE, render
@@ -158,6 +160,8 @@ def create_app(
         status, body = error_reply(exc)
         return JSONResponse(body, status_code=status)
 
+    app.add_exception_handler(IdempotencyKeyReused, key_reused)
+
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         # A defect, never a refusal: JSON like every other error, the traceback in the log
@@ -205,9 +209,14 @@ def create_app(
         """Energy and CO2e per team, user and the whole cluster."""
         return controller.energy.summary()
 
-    @app.post("/v1/jobs", response_model=JobInfo, status_code=201)
-    def submit(spec: JobSpec, who: Caller) -> JobInfo:
-        return controller.job_info(controller.submit(spec, by=who), viewer=who)
+    @app.post("/v1/jobs", response_model=JobInfo, status_code=201, responses=SUBMIT_RESPONSES)
+    def submit(spec: JobSpec, who: Caller, response: Response, key: IdemKey = None) -> JobInfo:
+        if key is None:
+            return controller.job_info(controller.submit(spec, by=who), viewer=who)
+        job_id, replayed = controller.submit_once(spec, who, parse_key(key))
+        if replayed:
+            response.headers[REPLAYED] = "true"
+        return controller.job_info(job_id, viewer=who)
 
     @app.post("/v1/jobs:plan", response_model=LaunchPlan)
     def plan(spec: JobSpec, who: Caller) -> LaunchPlan:

@@ -136,6 +136,12 @@ def submit(
     dependency: str = typer.Option(None, "--dependency", help="Slurm: e.g. afterok:123"),
     exclude: str = typer.Option(None, "--exclude", help="Slurm: nodes never to use (a,b)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="show the launch plan; submit nothing"),
+    idempotency_key: str = typer.Option(
+        None,
+        "--idempotency-key",
+        help="run this command again with the same key (and job) to get the job it made, "
+        "not a second one; default: a fresh key, reused by this command's own retries",
+    ),
     wait: bool = typer.Option(False, "--wait", help="follow rank 0's log until the job ends"),
     as_json: bool = typer.Option(False, "--json"),
     cluster: str = CLUSTER_OPT,
@@ -177,7 +183,7 @@ def submit(
                 return
             console.print_json(plan.model_dump_json())
             return
-        job = client.submit(spec)
+        job = client.submit(spec, idempotency_key=idempotency_key)
         if as_json:
             console.print_json(job.model_dump_json())
         else:

@@ -7,6 +7,8 @@ matching :class:`Fatal` kind when it refused the request, with its message.
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any, TypeVar
 
 import httpx
@@ -19,6 +21,8 @@ from trainpod.errors import (
     ControllerUnavailable,
     Fatal,
     Forbidden,
+    IdempotencyKeyInvalid,
+    IdempotencyKeyReused,
     NotFound,
     SpecError,
     StoreUnavailable,
@@ -56,12 +60,21 @@ _ERRORS: dict[str, type[TrainpodError]] = {
     "NotFound": NotFound,
     "Conflict": Conflict,
     "StoreUnavailable": StoreUnavailable,
+    "IdempotencyKeyInvalid": IdempotencyKeyInvalid,
+    "IdempotencyKeyReused": IdempotencyKeyReused,
 }
+IDEMPOTENCY_HEADER = "Idempotency-Key"  # the controller's trainpod.controller.idempotency.HEADER
 
 
 class TrainpodClient:
-    def __init__(self, url: str, token: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, url: str, token: str, *, timeout_s: float = 30.0, retry_s: float = 30.0
+    ) -> None:
+        """``retry_s``: how long :meth:`submit` keeps retrying a call the controller did not
+        answer (unreachable, the reply lost, or its store unavailable), with the same
+        idempotency key, before it raises; 0: never retried."""
         self.url = url
+        self.retry_s = retry_s
         self._http = httpx.Client(
             base_url=url,
             headers={"Authorization": f"Bearer {token}"},
@@ -87,13 +100,18 @@ class TrainpodClient:
         body: BaseModel | None = None,
         params: dict[str, Any] | None = None,
         timeout_s: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> _T:
+        sent = {
+            **({"Content-Type": "application/json"} if body is not None else {}),
+            **(headers or {}),
+        }
         try:
             resp = self._http.request(
                 method,
                 path,
                 content=None if body is None else body.model_dump_json(),
-                headers={"Content-Type": "application/json"} if body is not None else None,
+                headers=sent or None,
                 params={k: v for k, v in (params or {}).items() if v is not None},
                 timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
             )
@@ -145,8 +163,23 @@ class TrainpodClient:
         return self._call("GET", f"/v1/jobs/{job_id}/goodput", _DOC)
 
     # -- jobs -------------------------------------------------------------------------------
-    def submit(self, spec: JobSpec) -> wire.JobInfo:
-        return self._call("POST", "/v1/jobs", _JOB, body=spec)
+    def submit(self, spec: JobSpec, *, idempotency_key: str | None = None) -> wire.JobInfo:
+        """Submit a job once, however often the call is retried: it carries an
+        ``Idempotency-Key`` (``idempotency_key``, else a fresh UUID) and is sent again with
+        the same key for up to ``retry_s`` while the controller does not answer, so a retry
+        after a lost reply gets the job the first call made (ADR 0037)."""
+        key = idempotency_key or str(uuid.uuid4())
+        headers = {IDEMPOTENCY_HEADER: key}
+        deadline = time.monotonic() + self.retry_s
+        pause_s = 0.25
+        while True:
+            try:
+                return self._call("POST", "/v1/jobs", _JOB, body=spec, headers=headers)
+            except (ControllerUnavailable, StoreUnavailable):
+                if time.monotonic() + pause_s > deadline:
+                    raise
+            time.sleep(pause_s)  # the controller restarting, or its disk full: try again
+            pause_s = min(pause_s * 2, 4.0)
 
     def plan(self, spec: JobSpec) -> wire.LaunchPlan:
         return self._call("POST", "/v1/jobs:plan", _PLAN, body=spec)
@@ -234,6 +267,6 @@ def _error(resp: httpx.Response) -> TrainpodError:
         kind = _ERRORS.get(str(body.get("error")), Fatal)
     except ValueError:
         message, kind = resp.text, Fatal
-    if resp.status_code == 422:
+    if resp.status_code == 422 and kind is Fatal:  # FastAPI's own: a body that is no spec
         kind = SpecError
     return kind(f"controller refused the request ({resp.status_code}): {message}")
