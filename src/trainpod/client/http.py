@@ -71,8 +71,9 @@ class TrainpodClient:
         self, url: str, token: str, *, timeout_s: float = 30.0, retry_s: float = 30.0
     ) -> None:
         """``retry_s``: how long :meth:`submit` keeps retrying a call the controller did not
-        answer (unreachable, the reply lost, or its store unavailable), with the same
-        idempotency key, before it raises; 0: never retried."""
+        answer (unreachable, the connection dropped, the reply lost), with the same
+        idempotency key, before it raises; 0: never retried. An answer (a 503 for a full
+        disk included) is never retried: it says what happened."""
         self.url = url
         self.retry_s = retry_s
         self._http = httpx.Client(
@@ -175,10 +176,10 @@ class TrainpodClient:
         while True:
             try:
                 return self._call("POST", "/v1/jobs", _JOB, body=spec, headers=headers)
-            except (ControllerUnavailable, StoreUnavailable):
+            except ControllerUnavailable:  # no answer: the job may or may not have been made
                 if time.monotonic() + pause_s > deadline:
                     raise
-            time.sleep(pause_s)  # the controller restarting, or its disk full: try again
+            time.sleep(pause_s)  # the controller restarting, or the reply lost: try again
             pause_s = min(pause_s * 2, 4.0)
 
     def plan(self, spec: JobSpec) -> wire.LaunchPlan:
