@@ -61,6 +61,9 @@ class Audit:
     accepted: int
     events_seen: int
     lost_jobs: list[int]
+    unaccepted_jobs: list[int]
+    """Jobs in the store that no submission was answered with: a reply lost for good, or a
+    retry that made a second job (the client's Idempotency-Key prevents both, ADR 0037)."""
     lost_events: list[int]
     changed_events: list[int]
     event_id_gaps: list[int]
@@ -73,6 +76,7 @@ class Audit:
     def ok(self) -> bool:
         return not (
             self.lost_jobs
+            or self.unaccepted_jobs
             or self.lost_events
             or self.changed_events
             or self.event_id_gaps
@@ -85,7 +89,8 @@ class Audit:
     def summary(self) -> str:
         return (
             f"kills survived {self.kills}; jobs accepted {self.accepted}, lost "
-            f"{len(self.lost_jobs)}; events seen by clients {self.events_seen}, lost "
+            f"{len(self.lost_jobs)}, unaccounted for {len(self.unaccepted_jobs)}; events seen "
+            f"by clients {self.events_seen}, lost "
             f"{len(self.lost_events)}, changed {len(self.changed_events)}, id gaps "
             f"{len(self.event_id_gaps)}; duplicate attempts {len(self.duplicate_attempts)}, "
             f"overlapping attempts {len(self.overlapping_attempts)}; unexplained states "
@@ -295,6 +300,7 @@ def audit(load: KillLoad) -> Audit:
         accepted=len(ledger.accepted),
         events_seen=len(ledger.events),
         lost_jobs=sorted(set(ledger.accepted) - set(jobs)),
+        unaccepted_jobs=sorted(set(jobs) - set(ledger.accepted)),
         lost_events=lost_events,
         changed_events=changed,
         event_id_gaps=gaps,
