@@ -118,8 +118,9 @@ class Controller:
         self.metrics = ClusterMetrics(store, cfg, lock, beacons, telemetry, planner, clock.now)
         self.operators = Operators(store, tx, sched, executor, repair)
         self.allocations = Allocations(store, cfg, tx, ports, leases=sched.leases_allocations)
-        self.jobs = jobs = JobCommands(store, cfg, tx, sched, executor, self.allocations)
-        self.replays = Replays(store)
+        self.jobs = jobs = JobCommands(
+            store, cfg, tx, sched, executor, self.allocations, Replays(store)
+        )
         self.interactive = Interactive(lock, store, clock, tx, self.wake, self.allocations, jobs)
         self.chaos_desk = ChaosDesk(store, tx, chaos)
         self.startup = Startup(store, cfg, sched, self.allocations, self.access)
@@ -159,12 +160,7 @@ class Controller:
         request = Request.submit(spec)
         resolved = self.admission.resolve(spec.model_copy(update=owned_by(by)))
         with self._command() as now:
-            made = self.replays.made(by.name, key, request, now)
-            if made is not None:
-                return made, True
-            job_id = self.jobs.submit(resolved, now)
-            self.replays.remember(by.name, key, request, job_id, now)
-            return job_id, False
+            return self.jobs.submit_once(resolved, request, by.name, key, now)
 
     def plan(self, spec: JobSpec, by: Principal | None = None) -> LaunchPlan:
         """What :meth:`submit` would launch if the job were placed now (``--dry-run``)."""

@@ -13,6 +13,7 @@ from trainpod.controller.allocations import Allocations
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.executor import Executor
 from trainpod.controller.external import Scheduling
+from trainpod.controller.idempotency import Replays, Request
 from trainpod.controller.transitions import Transitions
 from trainpod.errors import Conflict
 from trainpod.model.events import CancelRequested, JobHeld, JobReleased, JobSubmitted
@@ -34,6 +35,7 @@ class JobCommands:
     scheduling: Scheduling
     executor: Executor
     allocations: Allocations
+    replays: Replays
 
     def submit(self, resolved: JobSpec, now: float) -> int:
         """Queue a job admitted and resolved by :class:`~trainpod.controller.admission.
@@ -59,6 +61,19 @@ class JobCommands:
         self.scheduling.submitted(job_id, stored, now)
         self.allocations.submitted(job_id, stored, now)
         return job_id
+
+    def submit_once(
+        self, resolved: JobSpec, request: Request, owner: str, key: str, now: float
+    ) -> tuple[int, bool]:
+        """:meth:`submit` under ``owner``'s idempotency ``key`` (ADR 0037): the job its first
+        call made and True, if that call asked for ``request``; else a new job and False.
+        Raises :class:`~trainpod.errors.IdempotencyKeyReused` if it asked for another."""
+        made = self.replays.made(owner, key, request, now)
+        if made is not None:
+            return made, True
+        job_id = self.submit(resolved, now)
+        self.replays.remember(owner, key, request, job_id, now)
+        return job_id, False
 
     def cancel(self, job_id: int, now: float) -> JobRow:
         """Ask for a job to end (idempotent); an ended job raises :class:`Conflict`."""
