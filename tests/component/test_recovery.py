@@ -125,6 +125,49 @@ def test_a_controller_restart_keeps_launch_orders_identical(cluster: Cluster) ->
     assert again.launch[0].attempt_id == c.attempt_id(job)
 
 
+def test_ranks_an_agent_forgot_without_reporting_their_exit_are_lost(cluster: Cluster) -> None:
+    """An agent that keeps beating but has forgotten an attempt whose ranks the controller
+    holds live (their exits never arrived) says so: the ranks are lost, the attempt stops,
+    instead of staying launching for good."""
+    c = cluster
+    job = c.submit(nodes=2, procs=2)
+    c.start(job)
+    a0 = c.agents["workers-0"]
+    attempt_id = c.attempt_id(job)
+    stale = a0.heartbeat()  # read before it forgot: lists the attempt, running
+    a0.forget(attempt_id)
+    forgot = a0.heartbeat()
+    assert forgot.attempts == [] and forgot.forgotten == [attempt_id]
+    c.controller.heartbeat(stale)  # a late beat from before changes nothing
+    assert [r.state for r in c.job(job).attempts[0].ranks] == ["running"] * 4
+    a0.beat()
+    info = c.job(job)
+    attempt = info.attempts[0]
+    assert [r.state for r in attempt.ranks] == ["lost", "lost", "running", "running"]
+    assert (attempt.state, attempt.cause) == ("stopping", "node_lost")
+    lost = c.events("rank_lost", job_id=job)
+    assert {e.data["reason"] for e in lost} == {
+        "its agent no longer reports it (forgotten before its exit was heard)"
+    }
+    a0.beat()  # listed again: nothing more is lost
+    assert len(c.events("rank_lost", job_id=job)) == 2
+
+
+def test_an_attempt_forgotten_after_its_exits_were_heard_loses_nothing(cluster: Cluster) -> None:
+    c = cluster
+    job = c.submit(nodes=2, procs=1)
+    c.start(job)
+    attempt_id = c.attempt_id(job)
+    for agent in c.agents.values():
+        agent.exit_all(attempt_id)
+        agent.beat()  # the exit is heard, then forgotten
+        assert agent.heartbeat().forgotten == [attempt_id]
+        agent.beat()
+    assert c.events("rank_lost", job_id=job) == []
+    c.controller.step()
+    assert c.job(job).state == "completed"
+
+
 def test_a_restarted_agent_without_ranks_loses_them(cluster: Cluster) -> None:
     c = cluster
     job = c.submit(nodes=2, procs=2)

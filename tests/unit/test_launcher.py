@@ -99,6 +99,30 @@ def test_an_attempt_whose_first_rank_ended_and_was_acknowledged_still_reports_th
     assert [(r.rank, r.exit_code) for r in _ended(launcher, 1)] == [(0, 0), (1, 0)]
 
 
+def test_an_attempt_is_reported_or_listed_forgotten_from_its_launch_on(tmp_path: Path) -> None:
+    """``report()`` reads the reports and the forgotten attempts together: an attempt whose
+    every exit was acknowledged moves from one to the other, never missing from both."""
+    launcher = Launcher(node_env={}, on_change=lambda: None)
+    assert launcher.report() == ([], [])
+    order = LaunchOrder(
+        attempt_id=7,
+        job_id=1,
+        attempt_number=1,
+        argv=["true"],
+        workdir=str(tmp_path),
+        env={},
+        ranks=[RankSlot(rank=0, local_rank=0)],
+        log_dir=str(tmp_path / "attempt-7"),
+    )
+    assert launcher.launch(order)
+    reports, forgotten = launcher.report()
+    assert [r.attempt_id for r in reports] == [7] and forgotten == []
+    (ended,) = _ended(launcher, 7)
+    assert ended.exit_code == 0
+    launcher.delivered(launcher.reports())
+    assert launcher.report() == ([], [7])
+
+
 def test_ranks_of_an_in_process_job_are_told_where_their_recover_file_is(tmp_path: Path) -> None:
     """ADR 0026: one recover file per node and job, in the job's scratch directory."""
     launcher = Launcher(node_env={"TRAINPOD_SCRATCH_DIR": str(tmp_path)}, on_change=lambda: None)

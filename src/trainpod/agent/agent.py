@@ -100,7 +100,8 @@ class Agent:
 
     # -- the protocol -------------------------------------------------------------------
     def _beat(self, wait_s: float, *, leaving: bool = False) -> Orders | None:
-        reports = [self._with_beacons(r) for r in self.launcher.reports()]
+        ran, forgotten = self.launcher.report()
+        reports = [self._with_beacons(r) for r in ran]
         if self._slurm_notice is not None:
             # After the reports: an exit they hold that Slurm's SIGTERM caused goes out with
             # Slurm's answer (``preempted_at``, read below), never before it.
@@ -115,6 +116,7 @@ class Agent:
             facts=self._facts(),
             lifecycle=self._lifecycle.status(),
             attempts=reports,
+            forgotten=forgotten,
             orders_hash=self._orders_hash if wait_s else None,
             wait_s=wait_s,
             leaving=leaving,

@@ -40,7 +40,15 @@ from trainpod import notice, procutil, resume
 from trainpod.agent.accounts import AccountError, RunAs, run_as
 from trainpod.agent.jobsockets import AccountSockets
 from trainpod.agent.warmstart import WarmProcess, WarmStarter
-from trainpod.api.models import AttemptReport, KillOrder, LaunchOrder, RankReport, RecoverOrder
+from trainpod.api.models import (
+    FORGOTTEN_FOR_S,
+    FORGOTTEN_MAX,
+    AttemptReport,
+    KillOrder,
+    LaunchOrder,
+    RankReport,
+    RecoverOrder,
+)
 from trainpod.elastic import protocol as elastic_protocol
 from trainpod.elastic.protocol import Recover
 from trainpod.errors import Fatal
@@ -226,6 +234,7 @@ class Launcher:
         self._exited = threading.Condition(self._lock)  # notified when a rank ends
         self._runs: dict[int, AttemptRun] = {}
         self._seen: set[int] = set()  # every attempt ever launched here; never launch twice
+        self._forgotten: dict[int, float] = {}  # attempt -> when forgotten (monotonic)
 
     # -- launching ----------------------------------------------------------------------
     def launch(self, order: LaunchOrder) -> bool:
@@ -548,13 +557,23 @@ class Launcher:
 
     # -- reporting ----------------------------------------------------------------------
     def reports(self) -> list[AttemptReport]:
+        return self.report()[0]
+
+    def report(self) -> tuple[list[AttemptReport], list[int]]:
+        """The attempts' reports, and the attempts forgotten in the last
+        ``FORGOTTEN_FOR_S`` (newest last), read together: an attempt is in one or the other
+        from its launch on, so a beat that lists neither was read before the launch."""
         with self._lock:
-            return [
+            reports = [
                 AttemptReport(
                     attempt_id=aid, job_id=run.order.job_id, ranks=[r.report() for r in run.ranks]
                 )
                 for aid, run in sorted(self._runs.items())
             ]
+            cutoff = time.monotonic() - FORGOTTEN_FOR_S
+            for aid in [a for a, at in self._forgotten.items() if at < cutoff]:
+                del self._forgotten[aid]
+            return reports, list(self._forgotten)[-FORGOTTEN_MAX:]
 
     def delivered(self, reports: list[AttemptReport]) -> None:
         """The controller has recorded these reports: forget attempts that have fully ended."""
@@ -573,6 +592,7 @@ class Launcher:
                         run.kept_until = now + KEEP_FOR_RECOVERY_S
                     if run.kept_until is None or now >= run.kept_until:
                         del self._runs[rep.attempt_id]
+                        self._forgotten[rep.attempt_id] = time.monotonic()
 
     def sigtermed(self) -> set[tuple[int, int]]:
         """(attempt, rank) of every rank here that died of a SIGTERM this launcher did not

@@ -19,8 +19,8 @@ import asyncio
 import json
 import queue
 import threading
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -58,11 +58,17 @@ class BeatRunner:
     """Records beats and computes orders on one thread of its own, in batches, and holds
     the long poll on the event loop (no thread) until the orders change or ``wait_s`` is up.
 
-    Whatever arrived while the thread was busy (beats, and the order look-ups of long polls
-    woken by a change) is handed to :meth:`Controller.serve` at once: one hold of the
-    controller's lock, one hop between threads and one wake-up of the event loop for the
-    lot. With a thread per beat instead, each beat queued on the lock on its own, behind
-    every pass of the reconcile loop, which re-takes the lock first more often than not.
+    Whatever arrived while the thread was busy is handed to :meth:`Controller.serve` at
+    once: one hold of the controller's lock, one hop between threads and one wake-up of the
+    event loop for the lot. With a thread per beat instead, each beat queued on the lock on
+    its own, behind every pass of the reconcile loop, which re-takes the lock first more
+    often than not.
+
+    A long poll is parked here with the orders' hash its agent holds. On a change (the
+    controller's :class:`~trainpod.controller.wake.Wake`), the thread looks up the orders
+    of every parked node at once and settles only the polls whose orders now differ; the
+    others stay parked, costing nothing, until their ``wait_s`` is up. Changes that come
+    while a look-up is queued are served by that one look-up.
     """
 
     def __init__(self, controller: Controller) -> None:
@@ -71,31 +77,85 @@ class BeatRunner:
         self._thread: threading.Thread | None = None  # started by the first beat
         self._start = threading.Lock()
         self._replies = ReplyCache()
+        self._parked: dict[int, _Parked] = {}  # id(poll) -> poll
+        self._parked_lock = threading.Lock()  # _parked, _recheck_queued
+        self._recheck_queued = False
+        controller.wake.listen(self._changed)
 
     async def answer(self, hb: Heartbeat) -> bytes:
         """The reply to ``hb``: its orders (JSON), once they differ from those the agent
         holds or ``hb.wait_s`` has passed."""
         c = self.controller
         orders, version = await self._run(hb)
-        deadline = time.monotonic() + hb.wait_s
-        while hb.wait_s > 0 and orders.hash == hb.orders_hash:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not await c.wake.changed_since(version, remaining):
-                break
-            orders, version = await self._run(hb.node)
+        if hb.wait_s > 0 and orders.hash == hb.orders_hash:
+            orders = await self._park(hb.node, orders, version, hb.wait_s)
         return self._replies.encode(orders, c.clock.now())
 
     def close(self) -> None:
         """Stop the thread once it has served what it was given."""
+        self.controller.wake.unlisten(self._changed)
         self._queue.put(None)
 
     async def _run(self, work: Heartbeat | str) -> tuple[Orders, int]:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[tuple[Orders, int]] = loop.create_future()
+        self._put((work, loop, done))
+        return await done
+
+    def _put(self, item: _Item | None) -> None:
         if self._thread is None:
             self._start_thread()
-        self._queue.put((work, loop, done))
-        return await done
+        self._queue.put(item)
+
+    async def _park(self, node: str, orders: Orders, version: int, wait_s: float) -> Orders:
+        """Hold the poll until a look-up finds ``node``'s orders changed (those: returned)
+        or ``wait_s`` has passed (``orders``, as the agent holds them)."""
+        loop = asyncio.get_running_loop()
+        poll = _Parked(node, orders.hash, loop, loop.create_future())
+        with self._parked_lock:
+            self._parked[id(poll)] = poll
+        if self.controller.wake.version != version:
+            # Something changed between the look-up and the parking, and its bump may
+            # have found this poll not yet parked: look again, with any others.
+            self._changed()
+        timer = loop.call_later(wait_s, _expire, poll.done)
+        try:
+            changed = await poll.done
+        finally:
+            timer.cancel()
+            with self._parked_lock:
+                self._parked.pop(id(poll), None)
+        return orders if changed is None else changed
+
+    def _changed(self) -> None:
+        """A change (on whichever thread made it): queue one look-up of the parked polls,
+        unless one is queued already (it has not yet read the parked polls' orders)."""
+        with self._parked_lock:
+            if self._recheck_queued or not self._parked:
+                return
+            self._recheck_queued = True
+        self._put(_RECHECK)
+
+    def _recheck(self) -> None:
+        """Settle each parked poll whose node's orders differ from the ones its agent holds."""
+        with self._parked_lock:
+            self._recheck_queued = False  # a change from now on queues another look-up
+            parked = list(self._parked.values())
+        nodes = sorted({p.node for p in parked})
+        if not nodes:
+            return
+        try:
+            found = self.controller.serve(nodes)
+        except Exception:  # the polls stay parked; their deadline answers them
+            return
+        now = dict(zip(nodes, found, strict=True))
+        settled: dict[asyncio.AbstractEventLoop, list[_Reply]] = {}
+        for p in parked:
+            result = now[p.node]
+            if isinstance(result, Exception) or result[0].hash == p.held:
+                continue
+            settled.setdefault(p.loop, []).append((p.done, result[0]))
+        _hand_back(settled)
 
     def _start_thread(self) -> None:
         with self._start:
@@ -109,7 +169,10 @@ class BeatRunner:
             first = self._queue.get()
             if first is None:
                 return
-            batch = [first]
+            batch: list[_Item] = []
+            recheck = first is _RECHECK
+            if not recheck:
+                batch.append(first)
             while len(batch) < MAX_BATCH:
                 try:
                     item = self._queue.get_nowait()
@@ -118,25 +181,55 @@ class BeatRunner:
                 if item is None:
                     stopping = True
                     break
-                batch.append(item)
-            results: list[tuple[Orders, int] | Exception]
-            try:
-                results = self.controller.serve([work for work, _, _ in batch])
-            except Exception as exc:  # the batch's commit failed: every call in it did
-                results = [exc] * len(batch)
-            replies: dict[asyncio.AbstractEventLoop, list[_Reply]] = {}
-            for (_, loop, done), result in zip(batch, results, strict=True):
-                replies.setdefault(loop, []).append((done, result))
-            for loop, settled in replies.items():
-                try:
-                    loop.call_soon_threadsafe(_settle, settled)
-                except RuntimeError:  # that loop has closed: nobody waits for these
-                    pass
+                if item is _RECHECK:
+                    recheck = True
+                else:
+                    batch.append(item)
+            if batch:
+                self._serve_batch(batch)
+            if recheck:  # after the beats: the freshest orders
+                self._recheck()
+
+    def _serve_batch(self, batch: list[_Item]) -> None:
+        results: list[tuple[Orders, int] | Exception]
+        try:
+            results = self.controller.serve([work for work, _, _ in batch])
+        except Exception as exc:  # the batch's commit failed: every call in it did
+            results = [exc] * len(batch)
+        replies: dict[asyncio.AbstractEventLoop, list[_Reply]] = {}
+        for (_, loop, done), result in zip(batch, results, strict=True):
+            replies.setdefault(loop, []).append((done, result))
+        _hand_back(replies)
+
+
+@dataclass(frozen=True, eq=False)
+class _Parked:
+    """A long poll held until its node's orders differ from ``held`` (their hash)."""
+
+    node: str
+    held: str
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future[Orders | None]  # the new orders; None: its wait is up
 
 
 _Item = tuple["Heartbeat | str", asyncio.AbstractEventLoop, "asyncio.Future[tuple[Orders, int]]"]
-_Reply = tuple["asyncio.Future[tuple[Orders, int]]", "tuple[Orders, int] | Exception"]
+_RECHECK: Any = object()  # the queue item "look up the parked polls' orders"
+_Reply = tuple["asyncio.Future[Any]", Any]
 MAX_BATCH = 128  # calls served per hold of the lock, so that one batch never holds it long
+
+
+def _hand_back(replies: dict[asyncio.AbstractEventLoop, list[_Reply]]) -> None:
+    """Settle the futures on their own loops, one wake-up of each loop."""
+    for loop, settled in replies.items():
+        try:
+            loop.call_soon_threadsafe(_settle, settled)
+        except RuntimeError:  # that loop has closed: nobody waits for these
+            pass
+
+
+def _expire(done: asyncio.Future[Orders | None]) -> None:
+    if not done.done():
+        done.set_result(None)
 
 
 def _settle(replies: list[_Reply]) -> None:

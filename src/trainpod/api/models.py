@@ -133,6 +133,10 @@ class CheckpointUpload(_Model):
     )
 
 
+FORGOTTEN_MAX = 64  # attempts a heartbeat lists as forgotten, at most
+FORGOTTEN_FOR_S = 60.0  # how long an agent lists an attempt it has forgotten
+
+
 class Heartbeat(_Model):
     """What an agent sends about once a second, and at once when a worker exits."""
 
@@ -143,6 +147,15 @@ class Heartbeat(_Model):
     facts: dict[str, Any] = Field(default_factory=dict)
     lifecycle: LifecycleStatus
     attempts: list[AttemptReport] = Field(default_factory=list)
+    forgotten: list[int] = Field(
+        default_factory=list,
+        max_length=FORGOTTEN_MAX,
+        description=(
+            "attempts this agent ran and has since forgotten (every rank's exit"
+            " acknowledged), in the last minute, read with ``attempts``: a rank of one that"
+            " the controller still holds live was lost (its exit never reached it)"
+        ),
+    )
     orders_hash: str | None = Field(
         default=None, description="hash of the orders the agent holds; the reply waits for new"
     )

@@ -84,6 +84,7 @@ class HeartbeatIngest:
         touched = self._rank_reports(node.name, hb.attempts, now)
         if new_agent:
             touched |= self._lose_unreported(node.name, hb.attempts, now)
+        touched |= self._lose_forgotten(node.name, hb.forgotten, now)
         self.running[node.name] = {
             a.attempt_id for a in hb.attempts if any(r.state == "running" for r in a.ranks)
         }
@@ -304,6 +305,27 @@ class HeartbeatIngest:
                 live = r.node == node and r.state is RankState.RUNNING
                 if live and (attempt.id, r.rank) not in reported:
                     self.tx.lose_rank(attempt, r.rank, node, now, "agent restarted")
+                    touched.add(attempt.id)
+        return touched
+
+    def _lose_forgotten(self, node: str, forgotten: list[int], now: float) -> set[int]:
+        """Ranks here of an attempt the agent says it has forgotten, that the controller
+        still holds live, were lost: the agent forgets an attempt only after the controller
+        has acknowledged every rank's exit, so their exits never arrived, and nothing
+        would ever end them (the attempt stayed ``launching`` for good).
+
+        A beat read its ``forgotten`` with its reports, after the launch it lists: a beat
+        from before (the agent's other thread, arriving late) lists the attempt in neither
+        and is not taken for a loss."""
+        touched: set[int] = set()
+        for attempt_id in forgotten:
+            attempt = self.store.attempt(attempt_id)
+            if attempt is None or attempt.state.ended or node not in attempt.nodes:
+                continue
+            for r in self.store.ranks(attempt.id):
+                if r.node == node and not r.state.ended:
+                    why = "its agent no longer reports it (forgotten before its exit was heard)"
+                    self.tx.lose_rank(attempt, r.rank, node, now, why)
                     touched.add(attempt.id)
         return touched
 

@@ -17,7 +17,7 @@ from trainpod.controller.transitions import Transitions
 from trainpod.elastic import protocol as elastic_protocol
 from trainpod.model.states import AttemptState, NodeState, RankState
 from trainpod.store.repo import Store
-from trainpod.store.rows import AttemptRow, RankRow
+from trainpod.store.rows import AttemptRow, NodeRow, RankRow
 
 
 @dataclass
@@ -29,6 +29,15 @@ class _Shared:
     attempts: list[AttemptRow]  # the active ones
     live: dict[str, list[int]]  # node -> jobs not ended that ran there (checkpoints stay)
     ranks: dict[int, list[RankRow]] = field(default_factory=dict)  # read when first needed
+    by_node: dict[str, list[AttemptRow]] = field(default_factory=dict)  # node -> its attempts
+    idle: dict[tuple[tuple[int, ...], int | None], Orders] = field(
+        default_factory=dict
+    )  # (live jobs, leave code) -> the orders of a node with nothing to do
+
+    def __post_init__(self) -> None:
+        for attempt in self.attempts:
+            for node in dict.fromkeys(attempt.nodes):
+                self.by_node.setdefault(node, []).append(attempt)
 
 
 @dataclass
@@ -63,14 +72,18 @@ class OrderDesk:
         return [self._orders(node, shared) for node in nodes]
 
     def _orders(self, node: str, shared: _Shared) -> Orders:
+        attempts = shared.by_node.get(node, [])
+        row = self.store.node(node)
+        if not attempts and not self.running.get(node):
+            idle = self._idle(node, row, shared)
+            if idle is not None:
+                return idle
         launch: list[LaunchOrder] = []
         kill: list[KillOrder] = []
         recover: list[RecoverOrder] = []
         stores: list[int] = []  # the attempts whose store this node's agent hosts (ADR 0028)
         active: set[int] = set()
-        for attempt in shared.attempts:
-            if node not in attempt.nodes:
-                continue
+        for attempt in attempts:
             active.add(attempt.id)
             if attempt.nodes[0] == node:
                 stores.append(attempt.id)
@@ -88,7 +101,6 @@ class OrderDesk:
         for attempt_id in sorted(self.running.get(node, set()) - active):
             kill.append(KillOrder(attempt_id=attempt_id, grace_s=0.0, reason="attempt ended"))
         deep = None
-        row = self.store.node(node)
         check_id = row.repair.deep_check_id if row is not None else None
         if row is not None and row.state is NodeState.REPAIRING and check_id:
             deep = DeepCheckOrder(id=check_id, timeout_s=self.cfg.deep_check_timeout_s)
@@ -103,6 +115,22 @@ class OrderDesk:
             leave=self.scheduling.leave_code(row),
             stores=stores,
         ).sealed()
+
+    def _idle(self, node: str, row: NodeRow | None, shared: _Shared) -> Orders | None:
+        """The orders of a node with no attempt, no live ranks, no chaos and no deep check
+        (most nodes, most of the time): made once per version for all such nodes alike,
+        so a look-up of a thousand parked polls' orders after a change costs little."""
+        if self.chaos.pending(node) or (row is not None and row.state is NodeState.REPAIRING):
+            return None
+        key = (tuple(shared.live.get(node, [])), self.scheduling.leave_code(row))
+        kept = shared.idle.get(key)
+        if kept is None:
+            kept = shared.idle[key] = Orders(
+                heartbeat_interval_s=self.cfg.heartbeat_interval_s,
+                active_jobs=list(key[0]),
+                leave=key[1],
+            ).sealed()
+        return kept
 
     def kill_order(self, attempt: AttemptRow) -> KillOrder:
         """A stopping attempt's kill order; a preempted one's carries the notice (its signal,

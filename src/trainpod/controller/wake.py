@@ -1,16 +1,17 @@
 """Wake-ups: a version bumped on every change, seen by the reconcile loop and long polls.
 
-Threads wait on a :class:`threading.Condition` (tests' fake agents, sync callers); the
-API's heartbeat handler parks a long poll as a bare future of its event loop, with a timer
-handle for its deadline: no task and no thread per waiting agent (``asyncio.wait_for`` on
-an event made a task, a timer and a second future for each of a thousand polls a second).
-A change resolves every parked future of each loop in one callback on that loop.
+Threads wait on a :class:`threading.Condition` (tests' fake agents, sync callers). The
+API's long polls are parked by :class:`~trainpod.api.heartbeat.BeatRunner`, which listens
+here (:meth:`Wake.listen`): on a change it looks up the parked nodes' orders once, together,
+and wakes only the polls whose orders differ from those their agent holds. Waking every
+parked poll instead (a thousand, each to look up its own orders, find them unchanged and
+park again) cost more than the beats themselves, several times a second.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
+from collections.abc import Callable
 
 
 class Wake:
@@ -18,60 +19,22 @@ class Wake:
         self.version = 0
         self.changed = threading.Condition(lock)
         self.step_due = threading.Event()  # set when step() has work to do
-        # The parked long polls of each event loop; touched on that loop only (a bump from
-        # another thread hands _fire to the loop), the dict itself under _loops_lock.
-        self._loops: dict[asyncio.AbstractEventLoop, set[asyncio.Future[bool]]] = {}
-        self._loops_lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+
+    def listen(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every bump (on the bumping thread, with the controller's
+        lock held: it must only hand the news on, never wait)."""
+        self._listeners = [*self._listeners, listener]  # a new list: bumps iterate the old
+
+    def unlisten(self, listener: Callable[[], None]) -> None:
+        self._listeners = [x for x in self._listeners if x != listener]
 
     def bump(self) -> None:
-        """Something changed: wake the reconcile loop and every parked long poll.
+        """Something changed: wake the reconcile loop, waiting threads and the listeners.
 
         Called with the controller's lock held."""
         self.version += 1
         self.changed.notify_all()
         self.step_due.set()
-        with self._loops_lock:
-            loops = list(self._loops)
-        for loop in loops:
-            try:
-                loop.call_soon_threadsafe(self._fire, loop)
-            except RuntimeError:  # the loop was closed (the server shut down)
-                with self._loops_lock:
-                    self._loops.pop(loop, None)
-
-    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
-        with self._loops_lock:
-            parked = self._loops.get(loop)
-            if not parked:
-                return
-            self._loops[loop] = set()
-        for waiter in parked:
-            if not waiter.done():
-                waiter.set_result(True)
-
-    async def changed_since(self, version: int, timeout_s: float) -> bool:
-        """Wait, holding no thread, until the version moves past ``version`` (True) or
-        ``timeout_s`` has passed (whether it moved meanwhile)."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[bool] = loop.create_future()
-        with self._loops_lock:  # parked before the version is read: a bump from now on fires
-            self._loops.setdefault(loop, set()).add(waiter)
-        if self.version != version:
-            with self._loops_lock:
-                self._loops[loop].discard(waiter)
-            return True
-        timer = loop.call_later(timeout_s, _expire, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            with self._loops_lock:
-                parked = self._loops.get(loop)
-                if parked is not None:
-                    parked.discard(waiter)
-        return self.version != version
-
-
-def _expire(waiter: asyncio.Future[bool]) -> None:
-    if not waiter.done():
-        waiter.set_result(False)
+        for listener in self._listeners:
+            listener()

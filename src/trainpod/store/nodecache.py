@@ -4,7 +4,8 @@ Every heartbeat reads its node's row (twice: the intake and the orders), and eve
 scheduling pass reads all of them (a thousand rows, each with ~2 KB of facts, built into
 :class:`NodeRow` objects: ~25 ms a pass on this box, a pass after every change). The rows
 change only through the store's own writes, so the store keeps them: loaded whole on first
-read, a written row read back once after its write (decoded exactly as any read decodes it),
+read, a written row read back once after its write (decoded exactly as any read decodes it;
+the columns of a heartbeat are set on the kept row as SQLite reads them back),
 the whole table dropped on an insert, a bulk write or a rollback (reloaded when next read).
 
 The store is serialised by the controller's lock; a reader that is not (a view) can at worst
@@ -40,6 +41,11 @@ class NodeCache:
             if self._generation == began:
                 self._rows = loaded
         return loaded
+
+    def kept(self, name: str) -> NodeRow | None:
+        """``name``'s row if the table is loaded (None: not loaded, or no such node)."""
+        rows = self._rows
+        return None if rows is None else rows.get(name)
 
     def written(self, row: NodeRow | None, name: str) -> None:
         """``name`` was written and now reads as ``row`` (None: it is gone)."""

@@ -11,6 +11,7 @@ import json
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,14 @@ _NODE_COLUMNS = {
     "repairs",
     "repair",
     "allocation",
+}
+# Node columns a heartbeat writes, read back as these types (NodeRow attribute, type).
+_PLAIN_NODE: dict[str, tuple[str, type]] = {
+    "address": ("address", str),
+    "agent_id": ("agent_id", str),
+    "agent_pid": ("agent_pid", int),
+    "last_heartbeat": ("last_heartbeat", float),
+    "facts": ("facts_json", str),
 }
 _JOB_COLUMNS = {
     "state",
@@ -338,7 +347,24 @@ class Store:
         self._conn.execute(
             f"UPDATE nodes SET {sets}, updated_at = ? WHERE name = ?", [*args, ts, name]
         )
-        self._nodes.written(self._read_node(name), name)
+        self._nodes.written(self._node_after(name, ts, fields), name)
+
+    def _node_after(self, name: str, ts: float, fields: dict[str, Any]) -> NodeRow | None:
+        """The row as just written: the kept row with the plain columns a heartbeat writes
+        set as SQLite reads them back (every agent's beat, a thousand a second: reading the
+        row back was a quarter of a beat's cost); read back for any other column."""
+        kept = self._nodes.kept(name)
+        if kept is None or not fields.keys() <= _PLAIN_NODE.keys():
+            return self._read_node(name)
+        plain: dict[str, Any] = {}
+        for column, value in fields.items():
+            attr, kind = _PLAIN_NODE[column]
+            if value is not None and type(value) is not kind:
+                if kind is not float or type(value) is not int:
+                    return self._read_node(name)
+                value = float(value)  # a REAL column reads an int back as a float
+            plain[attr] = value
+        return replace(kept, updated_at=float(ts), **plain)
 
     def touch_heartbeats(self, ts: float) -> None:
         """Give every node a fresh heartbeat time (used when the controller restarts)."""

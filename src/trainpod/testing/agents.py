@@ -28,6 +28,7 @@ from trainpod.agent.devices import DeviceTelemetry
 from trainpod.agent.launcher import AgentRank
 from trainpod.api.devices import DeviceSample
 from trainpod.api.models import (
+    FORGOTTEN_MAX,
     AttemptReport,
     ChaosOrder,
     DeepCheckResult,
@@ -116,6 +117,7 @@ class FakeAgent:
         self._runs: dict[int, _Run] = {}
         self._beacons = BeaconBook(_AgentClock(self))  # the real agent's book
         self._seen: set[int] = set()  # every attempt ever launched here; never launch twice
+        self._forgotten: list[int] = []  # attempts forgotten, newest last (as the Launcher's)
         self._generations: dict[int, int] = {}  # attempt -> newest in-process generation
         self.recovered: list[RecoverOrder] = []  # every recover order acted on, in order
         self._clock = clock
@@ -153,6 +155,7 @@ class FakeAgent:
             facts=dict(self.facts),
             lifecycle=LifecycleStatus(state=lifecycle, results=list(results)),
             attempts=self.reports(),
+            forgotten=self._forgotten[-FORGOTTEN_MAX:],
             orders_hash=self.orders_hash if wait_s else None,
             wait_s=wait_s,
             leaving=leaving,
@@ -203,8 +206,15 @@ class FakeAgent:
                 if rr.state == "exited" and rr.rank in run.ranks:
                     run.ranks[rr.rank].delivered = True
             if all(r.delivered for r in run.ranks.values()):
-                del self._runs[rep.attempt_id]
-                self._beacons.forget(rep.attempt_id)
+                self.forget(rep.attempt_id)
+
+    def forget(self, attempt_id: int) -> None:
+        """Forget an attempt as the agent does once every rank's exit was acknowledged; called
+        directly, it is an agent that lost track of live ranks (the bug the controller's
+        intake guards against: ``HeartbeatIngest._lose_forgotten``)."""
+        if self._runs.pop(attempt_id, None) is not None:
+            self._forgotten.append(attempt_id)
+        self._beacons.forget(attempt_id)
 
     def reports(self) -> list[AttemptReport]:
         """What the agent reports about its ranks, as ``Launcher.reports`` does."""
