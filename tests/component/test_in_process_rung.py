@@ -239,6 +239,60 @@ def test_a_lost_node_ranks_start_on_the_spare_in_the_same_attempt(make: Make) ->
     assert info.state == "completed" and len(info.attempts) == 1
 
 
+def test_a_node_quarantined_while_its_agent_lives_is_replaced_in_the_same_attempt(
+    make: Make,
+) -> None:
+    """A GPU fault on a live node: its ranks are killed there and start on the spare in
+    the same attempt, like a lost node's; the healthy node's ranks keep running."""
+    c = make()
+    job, attempt = _opted_in(c)
+    before = _pids(c, job)
+    a1 = c.agents["workers-1"]
+    a1.set_health("gpu", "fault", "XID 79")
+    orders = a1.beat()
+    info = c.job(job)
+    (same,) = info.attempts
+    assert (info.state, same.state, same.nodes) == ("running", "running", ["workers-0", "spares-0"])
+    assert c.node("workers-1").state == "quarantined" and c.node("spares-0").state == "allocated"
+    (started,) = c.events("in_process_recovery_started", job_id=job)
+    assert (started.data["replaced"], started.data["moved"]) == ([2, 3], {"workers-1": "spares-0"})
+    lost = c.events("rank_lost", job_id=job)
+    assert [e.data["rank"] for e in lost] == [2, 3]
+    assert lost[0].data["reason"] == "node taken out: gpu: XID 79"
+    assert c.decisions(job) == []
+    # the quarantined node's agent is told to kill its ranks of the attempt at once
+    (kill,) = orders.kill
+    assert (kill.attempt_id, kill.grace_s) == (attempt, 0.0)
+    assert sorted(a1.kill_ranks(orders)) == [2, 3]
+    a1.beat()
+    spare = c.agents["spares-0"]
+    launch = spare.beat()
+    assert [s.rank for s in launch.launch[0].ranks] == [2, 3]
+    spare.start_ranks(launch)
+    spare.beat()
+    c.agents["workers-0"].recover_ranks(c.agents["workers-0"].beat())
+    _joined(c, attempt, 1)
+    assert c.events("in_process_recovery_done", job_id=job)
+    after = _pids(c, job)
+    assert {r: after[r] for r in (0, 1)} == {r: before[r] for r in (0, 1)}
+    c.finish(job)
+    info = c.job(job)
+    assert info.state == "completed" and len(info.attempts) == 1
+
+
+def test_a_quarantined_node_without_a_free_node_stops_the_attempt_with_its_fault(
+    make: Make,
+) -> None:
+    c = make(groups=(FakeGroup("workers", 2),))
+    job, _ = _opted_in(c)
+    a1 = c.agents["workers-1"]
+    a1.set_health("gpu", "fault", "XID 79")
+    a1.beat()
+    one = c.job(job).attempts[0]
+    assert (one.state, one.cause) == ("stopping", "gpu_fault")
+    assert c.events("rank_lost", job_id=job) == []
+
+
 def test_a_lost_node_without_a_free_node_falls_back(make: Make) -> None:
     c = make(groups=(FakeGroup("workers", 2),))
     job, _ = _opted_in(c)

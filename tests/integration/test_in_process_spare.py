@@ -106,3 +106,33 @@ def test_a_sharded_job_falls_back_to_a_full_restart(cluster: Cluster, tmp_path: 
     assert "75: it could not re-join its group" in abandoned[0]
     assert [e.data["action"] for e in events if e.kind == "recovery_decision"] == ["restart"]
     assert not [e for e in events if e.kind == "in_process_recovery_done"]
+
+
+@pytest.mark.timeout(300)
+def test_a_node_with_a_gpu_fault_is_replaced_in_process_while_its_agent_lives(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """An XID (simulated: no GPU here) quarantines workers-1 with its agent alive: the agent
+    kills its rank, the spare's rank joins the same attempt with the healthy peer's state."""
+    out = tmp_path / "out"
+    job, pids = _start(cluster, out)
+    cluster.client.chaos(ChaosRequest(node="workers-1", fault="xid79"))
+    done = cluster.wait_job(job.id, timeout_s=180)
+    assert done.state == "completed", cluster.describe(done)
+    (same,) = done.attempts
+    assert same.nodes == ["workers-0", "spares-0"]
+    assert {r.rank: r.node for r in same.ranks} == {0: "workers-0", 1: "spares-0"}
+    assert all(r.exit_code == 0 for r in same.ranks)
+    events = cluster.client.events(job_id=job.id)
+    (lost,) = [e for e in events if e.kind == "rank_lost"]
+    assert lost.node == "workers-1" and lost.data["reason"].startswith("node taken out: gpu:")
+    (started,) = [e for e in events if e.kind == "in_process_recovery_started"]
+    assert started.data["moved"] == {"workers-1": "spares-0"}
+    assert "recovery_decision" not in [e.kind for e in events]
+    results = _results(out)
+    assert results[0]["pid"] == pids[0]  # the healthy rank never restarted
+    assert results[1]["node"] == "spares-0"
+    assert results[1]["group_hashes"] == [results[0]["group_hashes"][-1]]
+    assert {r["steps"] for r in results.values()} == {STEPS}
+    nodes = {n.name: n.state for n in cluster.client.nodes()}
+    assert nodes["workers-1"] in ("quarantined", "repairing", "idle")  # repaired after

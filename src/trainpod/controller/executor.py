@@ -475,6 +475,8 @@ class Executor:
             return
         attempt = self.tx.active_attempt(node.job_id)
         if attempt is not None and node.name in attempt.nodes:
+            if self._move_in_process(attempt, node.name, reason, now):
+                return
             failure = Failure(
                 reason=f"{node.name}: {reason}",
                 nodes=(node.name,),
@@ -482,6 +484,20 @@ class Executor:
                 fault_at=fault_at or now,
             )
             self.stop_attempt(attempt, kind.value, failure, now)
+
+    def _move_in_process(self, attempt: AttemptRow, node: str, reason: str, now: float) -> bool:
+        """An in-process job's ranks on a node just taken out of service, while its agent
+        lives, start on a free node in the same attempt (ADR 0035), as a lost node's do:
+        they are lost here (the agent, no longer part of the attempt, is ordered to kill
+        them), and the rung moves them. True if so; False: the attempt stops as before."""
+        job = self.tx.job(attempt.job_id)
+        if not self.rung.would_move(attempt, node, self._restarts_left(job), now):
+            return False
+        for r in self.store.ranks(attempt.id):
+            if r.node == node and not r.state.ended:
+                self.tx.lose_rank(attempt, r.rank, node, now, f"node taken out: {reason}")
+        self.reconcile(attempt.id, now, {})
+        return True
 
 
 def _trailing(flags: Iterable[bool]) -> int:

@@ -150,6 +150,32 @@ class InProcessRung:
             return self._start(attempt, ranks, decision, now)
         return frozenset(ip.replaced) if ip.pending else frozenset()
 
+    def would_move(self, attempt: AttemptRow, node: str, restarts_left: int, now: float) -> bool:
+        """Would the rung move ``node``'s ranks to a free node in the same attempt, were
+        they lost? (A node taken out of service while its agent lives: a GPU fault, a
+        failed check, a straggler.) Asked before any of them is lost, so that a node the
+        rung would not replace in process is stopped the old way, with its own fault."""
+        job = self.tx.job(attempt.job_id)
+        if self.tx.spec(job).recovery != "in-process":
+            return False
+        ranks = [
+            replace(r, state=RankState.LOST, ended_at=now)
+            if r.node == node and not r.state.ended
+            else r
+            for r in self.store.ranks(attempt.id)
+        ]
+        healthy = frozenset(n.name for n in self.store.nodes() if n.state in HEALTHY_NODE_STATES)
+        decision = decide_rung(
+            opted_in=True,
+            attempt=attempt,
+            ranks=ranks,
+            healthy_nodes=healthy,
+            restarts_left=restarts_left,
+            cancel_requested=job.cancel_requested,
+            free_nodes=self.free_nodes(job.id),
+        )
+        return isinstance(decision, RecoverInProcess) and bool(decision.moves)
+
     def _start(
         self, attempt: AttemptRow, ranks: Sequence[RankRow], d: RecoverInProcess, now: float
     ) -> frozenset[int]:
