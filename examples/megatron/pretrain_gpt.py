@@ -361,7 +361,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     check_args(args, ps)
     coords = [None] * ps.world
-    dist.all_gather_object(coords, (os.uname().nodename, ps.tp_rank, ps.dp_rank, ps.pp_rank))
+    node = (os.environ.get("GROUP_RANK", "0"), os.uname().nodename)  # torchrun's node rank
+    dist.all_gather_object(coords, (node, ps.tp_rank, ps.dp_rank, ps.pp_rank))
     model = GPTStage(args, ps)
     params = list(model.parameters())
     decay = [p for p in params if p.dim() >= 2]
@@ -378,8 +379,8 @@ def main(argv: list[str] | None = None) -> None:
             f"> megatron-style GPT on CPU over Gloo (Megatron-LM would use NCCL on GPUs): "
             f"world {ps.world} = TP {ps.tp} x PP {ps.pp} x DP {ps.dp}"
         )
-        for r, (host, t, d, s) in enumerate(coords):
-            print(f">   rank {r}: tp {t} dp {d} pp {s} on {host}")
+        for r, ((node_rank, host), t, d, s) in enumerate(coords):
+            print(f">   rank {r}: tp {t} dp {d} pp {s} on node {node_rank} ({host})")
     start = load_checkpoint(model, opt, args, ps)
     loss = float("nan")
     for it in range(start + 1, args.train_iters + 1):
