@@ -10,7 +10,9 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from trainpod.cli.jobs import job_spec, parallelism_of
 from trainpod.controller.launch import launch_order
+from trainpod.errors import SpecError
 from trainpod.spec.job import JobSpec
 from trainpod.spec.parallelism import Parallelism, layout
 from trainpod.testing import make_config
@@ -115,3 +117,12 @@ def test_the_ranks_get_the_sizes_and_megatrons_flags(tmp_path: Path) -> None:
         master_port=29500,
     ).env
     assert not any(k in env for k in ("TRAINPOD_TP", "TRAINPOD_PP", "TRAINPOD_DP"))
+
+
+def test_the_submit_flags_become_the_spec_and_a_bad_one_names_them() -> None:
+    assert parallelism_of(None, None) is None
+    assert parallelism_of(2, None) == {"tensor": 2, "pipeline": 1}
+    spec = job_spec(command=["x"], nodes=2, procs_per_node=4, parallelism=parallelism_of(2, 2))
+    assert spec.parallelism == Parallelism(tensor=2, pipeline=2)
+    with pytest.raises(SpecError, match="--tensor-parallel/--pipeline-parallel"):
+        job_spec(command=["x"], parallelism=parallelism_of(0, None))

@@ -95,7 +95,10 @@ def parallelism_of(tensor: int | None, pipeline: int | None) -> dict[str, int] |
     neither given); JobSpec checks the sizes."""
     if tensor is None and pipeline is None:
         return None
-    return {"tensor": tensor or 1, "pipeline": pipeline or 1}
+    return {
+        "tensor": 1 if tensor is None else tensor,
+        "pipeline": 1 if pipeline is None else pipeline,
+    }
 
 
 def default_env() -> dict[str, str]:
@@ -259,6 +262,9 @@ def print_job(job: JobInfo) -> None:
     console.print(
         f"  shape      {s.nodes} nodes x {s.procs_per_node} procs, partition {s.partition}"
     )
+    if s.parallelism is not None:
+        tp, pp = s.parallelism.tensor, s.parallelism.pipeline
+        console.print(f"  parallel   TP {tp} x PP {pp} x DP (the rest)")
     console.print(f"  workdir    {s.workdir}")
     if s.auto_resume:
         console.print(f"  recovery   {s.recovery}")
