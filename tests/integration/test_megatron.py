@@ -113,3 +113,42 @@ def test_a_tp2_dp2_job_resumes_from_its_committed_iteration_after_a_rank_is_kill
     )
     final = json.loads(second.split("\nfinal ", 1)[1].splitlines()[0])
     assert final == {"iteration": ITERS, "lm_loss": got[ITERS]}
+
+
+def torchrun(workdir: Path, procs: int, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "TORCHELASTIC"))}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc-per-node={procs}", str(SCRIPT), *args]
+    p = subprocess.run(
+        cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return p.stdout
+
+
+@pytest.mark.timeout(150)  # two torchrun runs of 4 and 2 ranks, no cluster
+def test_a_checkpoint_of_a_tp2_pp2_run_resumes_at_another_layout_with_the_same_losses(
+    tmp_path: Path,
+) -> None:
+    """Pipeline stages and TP shards are saved under global names and offsets (DTensors), so
+    TP 1 x DP 2 reads what TP 2 x PP 2 wrote; and its next losses are the PP run's own: the
+    PP schedule and the TP layers compute what the unsplit model does."""
+    short = [a for a in MODEL if not a.startswith("--train-iters")] + ["--train-iters=4"]
+    ckpt = ["--save=ckpt", "--save-interval=2"]
+    split = torchrun(
+        tmp_path,
+        4,
+        "--tensor-model-parallel-size=2",
+        "--pipeline-model-parallel-size=2",
+        *short,
+        *ckpt,
+    )
+    assert "world 4 = TP 2 x PP 2 x DP 1" in split
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")
+    whole = torchrun(tmp_path, 2, *short, "--load=ckpt")
+    assert "world 2 = TP 1 x PP 1 x DP 2" in whole
+    assert "successfully loaded checkpoint from ckpt at iteration 2" in whole
+    expected, got = losses(split), losses(whole)
+    assert sorted(got) == [3, 4] and sorted(expected) == [1, 2, 3, 4]
+    for it, loss in got.items():
+        assert math.isclose(loss, expected[it], rel_tol=1e-5), (it, loss, expected[it])
