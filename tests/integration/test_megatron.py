@@ -76,7 +76,7 @@ def test_a_tp2_dp2_job_resumes_from_its_committed_iteration_after_a_rank_is_kill
     with pytest.raises(SpecError, match="tensor parallel size 4 does not divide the 2 processes"):
         cluster.client.submit(JobSpec(command=["true"], parallelism=Parallelism(tensor=4), **spec))
 
-    argv = ["python", str(SCRIPT), *MODEL, *CKPT, "--iter-delay-s=0.3"]
+    argv = ["python", str(SCRIPT), *MODEL, *CKPT, "--iter-delay-s=0.4"]
     job = cluster.client.submit(JobSpec(command=argv, parallelism=Parallelism(tensor=2), **spec))
     ref = reference(tmp_path / "ref")
     try:
