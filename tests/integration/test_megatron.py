@@ -21,11 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import Cluster
-from trainpod.api.models import ChaosRequest
-from trainpod.cli.jobs import default_env
-from trainpod.errors import SpecError
-from trainpod.spec.job import JobSpec
-from trainpod.spec.parallelism import Parallelism
+from trainpod.api.models import ChaosRequest, JobInfo
 from trainpod.testing.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -70,14 +66,14 @@ def tracker(cluster: Cluster) -> int | None:
 def test_a_tp2_dp2_job_resumes_from_its_committed_iteration_after_a_rank_is_killed(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    spec = dict(
-        env=default_env(), workdir=str(cluster.workdir), nodes=2, auto_resume=True
-    )  # procs_per_node: the nodes' 2 devices
-    with pytest.raises(SpecError, match="tensor parallel size 4 does not divide the 2 processes"):
-        cluster.client.submit(JobSpec(command=["true"], parallelism=Parallelism(tensor=4), **spec))
+    # `trainpod submit` as a user types it; the processes per node: the nodes' 2 devices
+    bad = cluster.cli("submit", "-N", "2", "--tensor-parallel", "4", "--", "true", check=False)
+    said = " ".join((bad.stdout + bad.stderr).split())
+    assert bad.returncode != 0 and "tensor parallel size 4 does not divide the 2 processes" in said
 
     argv = ["python", str(SCRIPT), *MODEL, *CKPT, "--iter-delay-s=0.4"]
-    job = cluster.client.submit(JobSpec(command=argv, parallelism=Parallelism(tensor=2), **spec))
+    flags = ["-N", "2", "--auto-resume", "--tensor-parallel", "2", "--json"]
+    job = JobInfo.model_validate_json(cluster.cli("submit", *flags, "--", *argv).stdout)
     ref = reference(tmp_path / "ref")
     try:
         committed = wait_until(lambda: tracker(cluster), timeout_s=120, what="the first checkpoint")
@@ -107,6 +103,8 @@ def test_a_tp2_dp2_job_resumes_from_its_committed_iteration_after_a_rank_is_kill
     assert sorted(got) == list(range(resumed + 1, ITERS + 1)), second[-3000:]
     for it, loss in got.items():  # the same continuation as the undisturbed run
         assert math.isclose(loss, expected[it], rel_tol=1e-6), (it, loss, expected[it])
+    shown = cluster.cli("show", str(job.id)).stdout
+    assert "parallel   TP 2 x PP 1 x DP (the rest)" in shown, shown
     bitwise = all(loss == expected[it] for it, loss in got.items())
     print(
         f"resumed from iteration {resumed} (committed {committed} at the kill); bitwise {bitwise}"
