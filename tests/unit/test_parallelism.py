@@ -129,3 +129,25 @@ def test_the_submit_flags_become_the_spec_and_a_bad_one_names_them() -> None:
     assert spec.parallelism == Parallelism(tensor=2, pipeline=2)
     with pytest.raises(SpecError, match="--tensor-parallel/--pipeline-parallel"):
         job_spec(command=["x"], parallelism=parallelism_of(0, None))
+
+
+def test_the_launch_orders_put_each_tp_group_on_one_node(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, groups=[("workers", 3)], cluster="demo")
+    spec = JobSpec(command=["python", "pretrain_gpt.py"], parallelism={"tensor": 4})
+    lay = layout(spec.parallelism or Parallelism(), nodes=3, procs_per_node=8)
+    for node_index in range(3):
+        slots = launch_order(
+            cfg,
+            job_id=1,
+            attempt_id=1,
+            spec=spec,
+            attempt_number=1,
+            nodes=["workers-0", "workers-1", "workers-2"],
+            node_index=node_index,
+            procs_per_node=8,
+            master_addr="10.0.0.1",
+            master_port=29500,
+        ).ranks
+        here = {s.rank for s in slots}
+        assert all(set(lay.tp_group(r)) <= here for r in here)
+        assert {lay.node_of(r) for r in here} == {node_index}
