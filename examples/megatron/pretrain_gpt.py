@@ -38,7 +38,10 @@ import hashlib
 import json
 import math
 import os
+import signal
+import sys
 import time
+from types import FrameType
 
 import mpu
 import torch
@@ -214,6 +217,27 @@ def lr_at(it: int, args: argparse.Namespace) -> float:
 # ----------------------------------------------------------------------------- main
 
 
+class ExitSignalHandler:
+    """``--exit-signal-handler``: note the signal; every iteration the ranks agree whether any
+    got it, and if so save and exit, all at the same iteration (Megatron's
+    ``DistributedSignalHandler``). Megatron waits for SIGTERM; under trainpod it waits for
+    the preemption notice (``$TRAINPOD_NOTICE_SIGNAL``, SIGUSR1 by default), which comes a
+    grace period before the teardown's SIGTERM."""
+
+    def __init__(self) -> None:
+        self.signum = signal.Signals[os.environ.get("TRAINPOD_NOTICE_SIGNAL", "SIGTERM")]
+        self.received = False
+        signal.signal(self.signum, self._note)
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self.received = True
+
+    def any_rank(self) -> bool:
+        flag = torch.tensor([int(self.received)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
 def size_flag(env: str) -> int:
     """A parallel size's default: trainpod's hint (``TRAINPOD_TP``/``TRAINPOD_PP``), else 1."""
     return int(os.environ.get(env, "1"))
@@ -248,6 +272,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--load", default=None, help="resume from its latest checkpoint")
     g.add_argument("--save-interval", type=int, default=0, help="iterations between saves")
     g.add_argument("--ckpt-format", default="torch_dist", choices=["torch_dist"])
+    g.add_argument(
+        "--exit-signal-handler",
+        action="store_true",
+        help="on SIGTERM (under trainpod: the preemption notice signal), save and exit",
+    )
     return p.parse_args(argv)
 
 
@@ -305,6 +334,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         for r, ((node_rank, host), t, d, s) in enumerate(coords):
             print(f">   rank {r}: tp {t} dp {d} pp {s} on node {node_rank} ({host})")
+    exit_handler = ExitSignalHandler() if args.exit_signal_handler else None
     start = load_checkpoint(model, opt, args, ps)
     loss = float("nan")
     for it in range(start + 1, args.train_iters + 1):
@@ -329,8 +359,17 @@ def main(argv: list[str] | None = None) -> None:
                     f"grad norm: {norm:.3f}",
                     flush=True,
                 )
-        if args.save and args.save_interval and it % args.save_interval == 0:
+        saved = bool(args.save and args.save_interval and it % args.save_interval == 0)
+        if saved:
             save_checkpoint(it, model, opt, args, ps)
+        if exit_handler is not None and exit_handler.any_rank():
+            if args.save and not saved:
+                save_checkpoint(it, model, opt, args, ps)
+            if ps.rank == 0:
+                print(f"exiting program after receiving {exit_handler.signum.name}", flush=True)
+            dist.barrier()
+            dist.destroy_process_group()
+            sys.exit(0)
     if ps.rank == 0:
         print("final " + json.dumps({"iteration": args.train_iters, "lm_loss": loss}), flush=True)
     dist.barrier()
