@@ -33,6 +33,8 @@ _NUMBERED = re.compile(r"^(?P<prefix>.*?[A-Za-z])[-_](?P<n>\d+)$")
 _RANK_FILE = re.compile(r"^(?:rng_state|random_states)_(\d+)\.(?:pth|pkl)$")
 _ZIP_MAGIC = b"PK\x03\x04"
 HF_STATE = "trainer_state.json"  # the Trainer writes it last, from rank 0
+_DCP_SHARD = ".distcp"  # torch.distributed.checkpoint's per-rank files
+_DCP_METADATA = ".metadata"  # ... and its index, written by the coordinator once all are
 
 
 class ResumeSyntaxError(ValueError):
@@ -142,6 +144,9 @@ def incomplete(path: Path, *, world_size: int | None = None) -> str | None:
       its header says; a ``.json`` file must parse; no file may be empty.
     * Per-rank files (HF's ``rng_state_<i>.pth``, accelerate's ``random_states_<i>.pkl``):
       one for each of ``world_size`` ranks, if there are any.
+    * A ``torch.distributed.checkpoint`` directory (``*.distcp`` shards: Megatron's
+      ``torch_dist`` ``iter_N``, torchtitan's ``step-N``) must have its ``.metadata``, which
+      DCP writes last, once every rank's shards are written.
     * A Hugging Face ``checkpoint-N`` must have ``trainer_state.json`` (the Trainer writes it
       last) saying ``global_step`` N.
     """
@@ -155,6 +160,14 @@ def incomplete(path: Path, *, world_size: int | None = None) -> str | None:
         why = _file_problem(f)
         if why is not None:
             return f"{f.relative_to(path)} {why}"
+    for shards in sorted({f.parent for f in files if f.suffix == _DCP_SHARD}):
+        if not (shards / _DCP_METADATA).is_file():
+            where = shards.relative_to(path).as_posix()
+            return (
+                f"{'its' if where == '.' else where + ':'} DCP shards (*{_DCP_SHARD}) have no "
+                f"{_DCP_METADATA} (torch.distributed.checkpoint writes it last, after every "
+                "rank's shards)"
+            )
     ranks = {int(m.group(1)) for f in files if (m := _RANK_FILE.match(f.name))}
     if ranks and world_size is not None:
         missing = sorted(set(range(world_size)) - ranks)

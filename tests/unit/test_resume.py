@@ -149,3 +149,23 @@ def test_the_agent_fills_in_the_placeholder_when_it_starts_the_ranks(tmp_path: P
             "trainpod: {resume:out}: resuming from out/checkpoint-10",
             "argv ['--resume_from_checkpoint=out/checkpoint-10', '--x']",
         ]
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process, no group
+def test_a_dcp_checkpoint_without_its_metadata_is_not_complete(tmp_path: Path) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    for step in (2, 4):
+        dcp.save(
+            {"w": torch.arange(8.0), "step": step}, checkpoint_id=tmp_path / f"iter_{step:07d}"
+        )
+    newest = tmp_path / "iter_0000004"
+    assert incomplete(newest) is None
+    (newest / ".metadata").unlink()  # a rank killed before the coordinator's last write
+    assert incomplete(newest) == (
+        "its DCP shards (*.distcp) have no .metadata (torch.distributed.checkpoint writes it "
+        "last, after every rank's shards)"
+    )
+    found = newest_complete(tmp_path)
+    assert found.path == tmp_path / "iter_0000002" and found.skipped[0].startswith("iter_0000004")

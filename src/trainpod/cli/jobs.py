@@ -39,7 +39,12 @@ def parse_env(pairs: list[str], option: str = "--env") -> dict[str, str]:
     return env
 
 
-_OPTION = {"time_limit": "--time", "command": "the command", "env": "--env"}
+_OPTION = {
+    "time_limit": "--time",
+    "command": "the command",
+    "env": "--env",
+    "parallelism": "--tensor-parallel/--pipeline-parallel",
+}
 
 
 def job_spec(**fields: Any) -> JobSpec:
@@ -85,6 +90,17 @@ def read_env_file(path: Path) -> dict[str, str]:
     return env
 
 
+def parallelism_of(tensor: int | None, pipeline: int | None) -> dict[str, int] | None:
+    """``--tensor-parallel``/``--pipeline-parallel`` as the spec's ``parallelism`` (None:
+    neither given); JobSpec checks the sizes."""
+    if tensor is None and pipeline is None:
+        return None
+    return {
+        "tensor": 1 if tensor is None else tensor,
+        "pipeline": 1 if pipeline is None else pipeline,
+    }
+
+
 def default_env() -> dict[str, str]:
     """What a job inherits from the submitting shell: PATH, with this Python's bin first.
 
@@ -121,6 +137,15 @@ def submit(
         "--auto-resume and a loop run by trainpod.elastic.run)",
     ),
     min_nodes: int = typer.Option(None, "--min-nodes", help="may shrink to this on no spare"),
+    tensor_parallel: int = typer.Option(
+        None,
+        "--tensor-parallel",
+        help="Megatron-style TP size: checked to fit in a node, given to the ranks as "
+        "TRAINPOD_TP and TRAINPOD_PARALLEL_ARGS",
+    ),
+    pipeline_parallel: int = typer.Option(
+        None, "--pipeline-parallel", help="Megatron-style PP size (TRAINPOD_PP); DP is the rest"
+    ),
     hang_timeout_s: float = typer.Option(None, "--hang-timeout-s"),
     startup_timeout_s: float = typer.Option(None, "--startup-timeout-s"),
     spares: int = typer.Option(0, "--spares", help="Slurm: hot spares inside the allocation"),
@@ -174,6 +199,7 @@ def submit(
         min_nodes=min_nodes,
         hang_timeout_s=hang_timeout_s,
         startup_timeout_s=startup_timeout_s,
+        parallelism=parallelism_of(tensor_parallel, pipeline_parallel),
     )
     with client_for(cluster) as client:
         if dry_run:
@@ -242,6 +268,9 @@ def print_job(job: JobInfo) -> None:
     console.print(
         f"  shape      {s.nodes} nodes x {s.procs_per_node} procs, partition {s.partition}"
     )
+    if s.parallelism is not None:
+        tp, pp = s.parallelism.tensor, s.parallelism.pipeline
+        console.print(f"  parallel   TP {tp} x PP {pp} x DP (the rest)")
     console.print(f"  workdir    {s.workdir}")
     if s.auto_resume:
         console.print(f"  recovery   {s.recovery}")

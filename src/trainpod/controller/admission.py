@@ -12,6 +12,7 @@ from trainpod.controller.launch import launch_order
 from trainpod.controller.transitions import Transitions
 from trainpod.errors import SpecError
 from trainpod.spec.job import JobSpec
+from trainpod.spec.parallelism import check_shape
 from trainpod.store.secrets import MASKED
 
 
@@ -40,6 +41,17 @@ class Admission:
                 f"the job asks for {procs} processes per node but nodes of partition "
                 f"{part!r} have {devices} devices; use --procs-per-node {devices} or fewer"
             )
+        if spec.parallelism is not None:
+            try:
+                check_shape(
+                    spec.parallelism,
+                    nodes=spec.nodes,
+                    min_nodes=spec.min_nodes,
+                    procs_per_node=procs,
+                )
+            except ValueError as exc:
+                where = f"nodes of partition {part!r}: {procs} processes each"
+                raise SpecError(f"{exc} ({where})") from None
         update = {"procs_per_node": procs, "partition": part}
         return spec.model_copy(update={**update, "priority_class": self._priority_class(spec)})
 

@@ -8,6 +8,7 @@ from trainpod.api.models import LaunchOrder, RankSlot
 from trainpod.controller.config import ControllerConfig
 from trainpod.elastic import protocol as elastic_protocol
 from trainpod.spec.job import JobSpec
+from trainpod.spec.parallelism import layout
 from trainpod.telemetry.tensorboard import ENV as TENSORBOARD_ENV
 from trainpod.telemetry.tensorboard import tensorboard_dir
 
@@ -99,6 +100,8 @@ def node_env(
     )
     if ckpt_dir is not None:
         env["TRAINPOD_CHECKPOINT_DIR"] = ckpt_dir
+    if spec.parallelism is not None:  # TP/PP as asked, DP from this attempt's size (ADR 0038)
+        env.update(layout(spec.parallelism, nodes=nnodes, procs_per_node=procs_per_node).env())
     if spec.recovery == "in-process":  # the agent adds where its recover file is (ADR 0026)
         env[elastic_protocol.ENV_RECOVERY] = elastic_protocol.IN_PROCESS
     return env

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from trainpod import resume
+from trainpod.spec.parallelism import Parallelism, check_shape
 
 _SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE")
 
@@ -120,6 +121,12 @@ class JobSpec(BaseModel):
     priority: int | None = Field(default=None, ge=0, description="Slurm --priority (admins)")
     dependency: str | None = Field(default=None, description="Slurm --dependency, verbatim")
     exclude: list[str] = Field(default_factory=list, description="Slurm nodes never to use")
+    parallelism: Parallelism | None = Field(
+        default=None,
+        description="Megatron-style layout hint {tensor, pipeline}: checked against the "
+        "job's shape (TP groups inside a node) and given to the ranks as TRAINPOD_TP/PP/DP "
+        "and TRAINPOD_PARALLEL_ARGS (ADR 0038)",
+    )
     interactive: bool = Field(
         default=False,
         description="an allocation held by `trainpod alloc` (embedded: hold processes, its "
@@ -229,6 +236,18 @@ class JobSpec(BaseModel):
             raise ValueError(
                 f"--min-nodes {self.min_nodes} is more than --nodes {self.nodes}; "
                 "min_nodes is the smallest size the job may shrink to"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _parallel_layout_fits(self) -> JobSpec:
+        # Without --procs-per-node, admission checks it once it knows the node's devices.
+        if self.parallelism is not None and self.procs_per_node is not None:
+            check_shape(
+                self.parallelism,
+                nodes=self.nodes,
+                min_nodes=self.min_nodes,
+                procs_per_node=self.procs_per_node,
             )
         return self
 
