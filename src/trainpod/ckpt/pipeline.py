@@ -1,7 +1,8 @@
 """The background half of a Checkpointer: two threads, each with its own Gloo group.
 
 * writer: for each snapshot, in submission order: ``dcp.save`` of the staged state into the
-  primary tier (node-local shared memory), hash this rank's files, gather every rank's
+  primary tier (node-local shared memory; when it is full or unwritable, the next node-local
+  tier: :mod:`trainpod.ckpt.placing`), hash this rank's files, gather every rank's
   entries, the node leaders write ``.metadata`` and the manifest, and a final all-gather
   decides: committed everywhere, or discarded everywhere. Then the staging buffers are free.
 * copier: takes the newest locally committed step and copies it tier by tier (scratch, peer,
@@ -253,9 +254,9 @@ class Pipeline:
         tier = placed.tier
         d = Path(tier.step_dir(step))
         err = placed.error
-        self._tier_full(step, placed)
         snap.staged = {}
         self.staging_free.set()
+        self._tier_full(step, placed)  # may ask the agent: after the staging is free
         mine: list[FileEntry] = []
         meta: bytes | None = None
         if err is None:
