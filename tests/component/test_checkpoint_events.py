@@ -109,3 +109,30 @@ def test_the_steps_a_slow_tier_skipped_show_in_its_events_and_live_progress(
     progress = c.job(job).progress
     assert progress is not None
     assert progress["checkpoint_uploads"][node]["steps_skipped"] == {"durable": 4}
+
+
+def test_a_full_tier_is_an_event_once_and_counted_by_tier(cluster: Cluster) -> None:
+    from trainpod.telemetry.tally import UNKNOWN, EventTally
+
+    c = cluster
+    job = c.submit(nodes=2, procs=1)
+    attempt = c.start(job)
+    full = rep(
+        job, attempt, 3, "memory", ok=False, full=True, to_tier="scratch", path="/dev/shm/x",
+        needed_bytes=2048, free_bytes=10, reason="ENOSPC: not enough free space",
+    )  # fmt: skip
+    report(c, "workers-0", full, full)  # delivered twice
+    (e,) = c.events("checkpoint_tier_full")
+    assert (e.node, e.attempt, e.data["step"], e.data["tier"], e.data["to"]) == (
+        "workers-0", 1, 3, "memory", "scratch",
+    )  # fmt: skip
+    assert (e.data["needed_bytes"], e.data["free_bytes"], e.data["path"]) == (
+        2048,
+        10,
+        "/dev/shm/x",
+    )
+    assert c.events("checkpoint_failed") == [] and c.events("checkpoint_committed") == []
+    tally = EventTally()
+    tally.seed([], ["memory", "scratch"], [], [])
+    tally.fold(c.controller.store.typed_events(job_id=job), lambda _job: UNKNOWN)
+    assert tally.full == {"memory": 1, "scratch": 0}

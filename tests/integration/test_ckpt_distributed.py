@@ -258,3 +258,33 @@ def _agree_on_notice(rank: int, world: int, port: int, root: Path) -> None:
 
 def test_ranks_agree_on_a_notice_only_one_of_them_has_seen(tmp_path: Path) -> None:
     run_ranks(_agree_on_notice, 2, tmp_path)
+
+
+def _one_node_full(rank: int, world: int, port: int, root: str, tiny: str) -> None:
+    from trainpod.ckpt import Checkpointer
+
+    node = f"n{rank}"  # two nodes, one rank each; only n1's memory tier is the full tmpfs
+    os.environ.update(TRAINPOD_NODE=node, TRAINPOD_NODES="n0,n1")
+    memory = tiny if rank == 1 else f"{root}/shm"
+    big = {"w": torch.full((512 * 1024,), 1.0), "step": 1}  # 2 MiB, replicated
+    with Checkpointer(f"{root}/durable", memory=memory, scratch_dir=f"{root}/scratch") as ck:
+        ck.save(1, big)
+        assert ck.wait(60)
+        p = ck.progress()
+        # every rank moved to scratch together: a step is in one tier on every node
+        assert p.committed["memory"] is None and p.committed["scratch"] == 1, p
+        assert ("memory" in p.errors) == (rank == 1), p.errors
+        state = {"w": torch.zeros(512 * 1024), "step": 0}
+        assert ck.load_latest(state) == 1 and float(state["w"][0]) == 1.0
+        assert ck.last_load is not None and (ck.last_load.tier or "").startswith("scratch")
+        ck.close(60, release_memory=False)
+
+
+def test_one_nodes_full_memory_tier_sends_every_rank_to_scratch(tmp_path: Path, job: str) -> None:
+    from trainpod.testing.tmpfs import TmpfsUnavailable, tmpfs
+
+    try:
+        with tmpfs(tmp_path / "tiny", "1m") as tiny:
+            run_ranks(_one_node_full, 2, str(tmp_path), str(tiny))
+    except TmpfsUnavailable as exc:
+        pytest.skip(str(exc))

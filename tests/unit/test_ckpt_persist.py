@@ -495,3 +495,38 @@ def test_without_an_answering_agent_the_copies_run_in_process(
         assert ck.agent is None and [t.name for t in ck._pipe.copies] == ["durable"]
     with pytest.raises(CheckpointConfigError, match="does not answer"):
         Checkpointer(tmp_path / "durable", memory=tmp_path / "shm", agent=True)
+
+
+def test_a_step_written_into_scratch_is_copied_on_from_there(tmp_path: Path) -> None:
+    # memory was full (docs/decisions/0036): the worker wrote and committed step 5 in scratch
+    make_memory(tmp_path / "scratch", nodes=("n0",))
+    events: list[dict[str, Any]] = []
+    p0 = persister(tmp_path, "n0", events)
+    req = request(tmp_path, "n0", scratch=str(tmp_path / "scratch" / "n0"))
+    assert p0.round(dataclasses.replace(req, source="scratch")) == "done"
+    assert durable_manifest(tmp_path).exists()
+    assert p0.status().committed == {"scratch": STEP, "durable": STEP}
+    assert [e["tier"] for e in events if e["event"] == "committed"] == ["durable"]
+    bad = dataclasses.replace(req, step=STEP + 1, source="peer")
+    p0.round(bad)
+    assert any(e.get("tier") == "config" and "'peer'" in e["reason"] for e in events), events
+
+
+def test_reports_a_dead_agent_missed_are_handed_to_the_next_one(tmp_path: Path) -> None:
+    from trainpod.ckpt.persist import _Out, journal_of, replay
+
+    journal = journal_of(tmp_path / ".persist-n0", "n0")
+    out = _Out(journal)
+    out.broken = True  # the agent was killed: its end of the pipe is gone
+    out({"event": "status", "status": {}})  # not kept: the next persister has its own
+    out({"event": "committed", "tier": "durable", "step": 2, "job_id": 7})
+    out({"event": "failed", "tier": "scratch", "step": 2, "job_id": 7, "reason": "gone"})
+    with journal.open("a") as f:
+        f.write('{"event": "commi')  # torn by the persister's own death
+    got: list[dict[str, Any]] = []
+    assert replay(journal, got.append) == 2
+    assert [(m["event"], m["tier"]) for m in got] == [
+        ("committed", "durable"),
+        ("failed", "scratch"),
+    ]
+    assert not journal.exists() and replay(journal, got.append) == 0

@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from trainpod.agent.health import fill, inject
@@ -19,6 +20,12 @@ from trainpod.agent.launcher import Launcher
 from trainpod.api.models import ChaosOrder
 
 log = logging.getLogger(__name__)
+
+DIE_IN_HANDOFF_ENV = "TRAINPOD_TEST_DIE_IN_HANDOFF"
+"""A test seam (tests/integration/test_ckpt_tier_full.py): the path of a file holding a step.
+The agent dies, as the kill-agent fault has it, right after it forwarded that step (or a
+later one) to the job's persister, before it answered the worker or reported the save; the
+file is removed first, so the agent that replaces this one goes on."""
 
 SLOW_PERIOD_S = 0.1
 SLOW_DUTY = 0.6  # fraction of each period the rank is stopped
@@ -90,3 +97,29 @@ class ChaosExecutor:
             if self._launcher.signal_rank(rank, signal.SIGCONT) is None:
                 return
             time.sleep(SLOW_PERIOD_S * (1 - SLOW_DUTY))
+
+
+def die_in_handoff(trigger: str | None, kill_ranks: Callable[[], None]) -> Callable[[int], None]:
+    """The hook :class:`~trainpod.agent.persisters.CheckpointHub` calls with each step it
+    forwarded to a persister: a no-op unless ``trigger`` (:data:`DIE_IN_HANDOFF_ENV`) names
+    a file with a step in it, and that step has come (then: ranks, then this agent, SIGKILL)."""
+
+    def hook(step: int) -> None:
+        if not trigger:
+            return
+        path = Path(trigger)
+        try:
+            due = step >= int(path.read_text().strip())
+        except (OSError, ValueError):
+            return
+        if not due:
+            return
+        try:
+            path.unlink()  # once: whoever removes it dies; the replacement agent goes on
+        except FileNotFoundError:
+            return
+        log.warning("test seam %s: killed in the hand-off of step %d", DIE_IN_HANDOFF_ENV, step)
+        kill_ranks()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook

@@ -15,7 +15,7 @@ from typing import Any
 from trainpod.agent.accounts import Grants
 from trainpod.agent.agent import Agent
 from trainpod.agent.beacons import BeaconServer
-from trainpod.agent.chaos import ChaosExecutor
+from trainpod.agent.chaos import DIE_IN_HANDOFF_ENV, ChaosExecutor, die_in_handoff
 from trainpod.agent.checks import build_checks
 from trainpod.agent.devices import DeviceTelemetry, device_reader
 from trainpod.agent.facts import device_facts, node_facts
@@ -134,6 +134,10 @@ def main(argv: list[str] | None = None) -> None:
         # The interpreter of the persisters; an account's runs as it, so it must be one that
         # account may execute (the agent's own may sit in root's home).
         python=os.environ.get("TRAINPOD_PERSIST_PYTHON") or sys.executable,
+        # A test seam (off unless the variable is set): die in the middle of a hand-off.
+        on_forwarded=die_in_handoff(
+            os.environ.get(DIE_IN_HANDOFF_ENV), lambda: launcher.kill_everything()
+        ),
     )
     accounts = AccountSockets(
         paths.runtime_dir, args.node, beacons=server, checkpoints=hub, grants=grants

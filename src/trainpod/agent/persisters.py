@@ -47,8 +47,14 @@ from trainpod.agent.unixsock import SeqpacketServer
 from trainpod.api.models import CheckpointReport, CheckpointUpload
 from trainpod.ckpt.handoff import MAX_MESSAGE, WIRE_VERSION, PersistStatus
 from trainpod.ckpt.layout import SHM_ROOT
-from trainpod.ckpt.persist import DEFAULT_NICE
-from trainpod.ckpt.persistwire import PersistReport, StatusReport, parse_line, parse_request
+from trainpod.ckpt.persist import DEFAULT_NICE, journal_of
+from trainpod.ckpt.persistwire import (
+    PersistReport,
+    StatusReport,
+    parse_line,
+    parse_request,
+    parse_tier_full,
+)
 from trainpod.ckpt.tiers import step_name
 
 log = logging.getLogger(__name__)
@@ -105,8 +111,10 @@ class _Job:
 class CheckpointHub:
     """The node's hand-off socket and its persister processes. :meth:`close` stops serving.
 
-    ``finish_timeout_s`` and ``nice`` default to ``TRAINPOD_PERSIST_FINISH_TIMEOUT_S`` and
-    ``TRAINPOD_PERSIST_NICE``, else 60 s and :data:`~trainpod.ckpt.persist.DEFAULT_NICE`.
+    ``on_forwarded(step)`` is called once a step went to its persister, before the worker
+    is answered. ``finish_timeout_s`` and ``nice`` default to
+    ``TRAINPOD_PERSIST_FINISH_TIMEOUT_S`` and ``TRAINPOD_PERSIST_NICE``, else 60 s and
+    :data:`~trainpod.ckpt.persist.DEFAULT_NICE`.
 
     Raises :class:`~trainpod.errors.Fatal` when ``path`` is too long or not a socket, and
     :class:`~trainpod.errors.Conflict` when a live hub already serves it.
@@ -124,8 +132,12 @@ class CheckpointHub:
         python: str = sys.executable,
         mode: int = 0o600,
         grants: Grants | None = None,
+        on_forwarded: Callable[[int], None] | None = None,
     ) -> None:
         self.path = Path(path)
+        self._on_forwarded = on_forwarded or (lambda _step: None)
+        """Called with each step forwarded to a persister, before the worker's answer (the
+        test seam of :func:`trainpod.agent.chaos.die_in_handoff`)."""
         self.grants = grants if grants is not None else Grants()
         self.log_dir = log_dir
         self.state_file = state_file
@@ -293,6 +305,8 @@ class CheckpointHub:
                     # handed over, not seen by the persister yet
                     st = dataclasses.replace(st, global_busy=True)
                 return {"ok": True, "status": st.to_dict()}
+        if msg.get("op") == "tier_full":
+            return self._tier_full(job_key, msg, account)
         if msg.get("op") == "persist":
             try:
                 return self._persist(job_key, node, msg, account)
@@ -308,15 +322,17 @@ class CheckpointHub:
         req = parse_request(line)
         cfg = req.config
         primary = Path(cfg.memory or cfg.scratch or "")
-        if not primary.is_absolute() or not (primary / step_name(req.step)).is_dir():
-            raise ValueError(f"step {req.step} is not committed under {primary}")
+        written = _written_in(req.source, cfg.memory, cfg.scratch)
+        if not written.is_absolute() or not (written / step_name(req.step)).is_dir():
+            raise ValueError(f"step {req.step} is not committed under {written}")
         if account is not None:
             if not self.grants.may_checkpoint(account.uid, req.job_id):
                 why = f"job {req.job_id} does not run as {account.name} on this node"
                 log.warning("refused a checkpoint hand-off from uid %d: %s", account.uid, why)
                 return {"ok": False, "error": why}
-            if not owns(primary, account.uid):
-                return {"ok": False, "error": f"{primary} is not a directory of {account.name}"}
+            for d in {primary, written}:
+                if not owns(d, account.uid):
+                    return {"ok": False, "error": f"{d} is not a directory of {account.name}"}
         with self._lock:
             active = self._active
             if req.job_id is not None and active is not None and req.job_id not in active:
@@ -350,8 +366,9 @@ class CheckpointHub:
             raise OSError("the persister did not start")
         proc.stdin.write(line + b"\n")
         proc.stdin.flush()
+        self._on_forwarded(req.step)
         if new_step and req.job_id is not None:
-            primary_name = "memory" if cfg.memory else "scratch"
+            primary_name = req.source or ("memory" if cfg.memory else "scratch")
             self._add_report(
                 CheckpointReport(
                     job_id=req.job_id,
@@ -366,6 +383,36 @@ class CheckpointHub:
                     at=time.time(),
                 )
             )
+        return {"ok": True}
+
+    def _tier_full(
+        self, job_key: str, msg: dict[str, Any], account: RunAs | None
+    ) -> dict[str, Any]:
+        """A worker's node leader says a tier could not take a step (docs/decisions/0036)."""
+        try:
+            full = parse_tier_full(json.dumps(msg))
+        except ValueError as exc:
+            return {"ok": False, "error": f"bad tier_full request: {exc}"}
+        if account is not None and not self.grants.may_checkpoint(account.uid, full.job_id):
+            return {"ok": False, "error": f"job {full.job_id} does not run as {account.name}"}
+        if full.job_id is not None:
+            self._add_report(
+                CheckpointReport(
+                    job_id=full.job_id,
+                    attempt_id=full.attempt_id,
+                    step=full.step,
+                    tier=full.tier,
+                    ok=False,
+                    full=True,
+                    to_tier=full.to,
+                    path=full.path[:1000],
+                    needed_bytes=full.needed,
+                    free_bytes=full.free,
+                    reason=(full.reason if full.to else f"{full.reason}; {full.error}")[:2000],
+                    at=time.time(),
+                )
+            )
+        log.warning("job %s: %s full at step %d: %s", job_key, full.tier, full.step, full.reason)
         return {"ok": True}
 
     def _spawn(self, j: _Job) -> None:
@@ -443,6 +490,7 @@ class CheckpointHub:
         else:
             shutil.rmtree(j.staging, ignore_errors=True)
             j.lock.unlink(missing_ok=True)
+            journal_of(j.staging, j.key[1]).unlink(missing_ok=True)
         with self._lock:
             if self._jobs.get(j.key) is j:
                 del self._jobs[j.key]
@@ -477,6 +525,17 @@ class CheckpointHub:
         with self._lock:
             if self._known.pop(job_id, None) is not None:
                 self._save_state_locked()
+
+
+def _written_in(source: str | None, memory: str | None, scratch: str | None) -> Path:
+    """The root of the tier a handed-over step was written into."""
+    if source is None:
+        return Path(memory or scratch or "")
+    roots = {"memory": memory, "scratch": scratch}
+    root = roots.get(source)
+    if root is None:
+        raise ValueError(f"source {source!r} is not a node-local tier of this job ({roots})")
+    return Path(root)
 
 
 def _persister_env() -> dict[str, str]:
@@ -516,6 +575,7 @@ def _remove_memory(memory: Path, node: str) -> None:
     shutil.rmtree(memory, ignore_errors=True)
     shutil.rmtree(memory.parent / f".persist-{node}", ignore_errors=True)
     (memory.parent / f".persist-{node}.lock").unlink(missing_ok=True)
+    journal_of(memory.parent / f".persist-{node}", node).unlink(missing_ok=True)
     try:
         memory.parent.rmdir()
     except OSError:

@@ -112,6 +112,13 @@ class CheckpointReport(_Model):
     skipped: int = Field(
         default=0, ge=0, description="memory-tier steps this tier skipped since its last commit"
     )
+    full: bool = Field(
+        default=False, description="the tier was full or unwritable: the step went to to_tier"
+    )
+    to_tier: str | None = Field(default=None, description="full: where the step went (none)")
+    path: str = Field(default="", description="full: the tier's directory on the node")
+    needed_bytes: int = Field(default=0, ge=0, description="full: the node's part of the step")
+    free_bytes: int | None = Field(default=None, description="full: free on the tier's disk")
     at: float = Field(default=0.0, description="the agent's wall clock")
 
 

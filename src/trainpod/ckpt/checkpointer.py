@@ -15,6 +15,7 @@ from typing import Any, Literal
 from trainpod import beacon, notice
 from trainpod.ckpt.coll import Coll
 from trainpod.ckpt.errors import CheckpointConfigError, CheckpointError
+from trainpod.ckpt.fullness import fallbacks
 from trainpod.ckpt.handoff import AgentLink, AgentPersistence, TierConfig, build_tiers, env_int
 from trainpod.ckpt.interval import (
     CostMeter,
@@ -212,6 +213,7 @@ class Checkpointer:
             on_event=on_event,
             retry_base_s=retry_base_s,
             agent=self.agent,
+            targets=fallbacks(self.tiers),
         )
         self._pipe.start()
         self.last_load: LoadResult | None = None
@@ -248,7 +250,7 @@ class Checkpointer:
         # writer: it agrees on this save's proposal in the background, and a rank that read
         # after it had would disagree with one that read before on the next save's step.
         interval = self._agreed_interval() if self.every is None else None
-        self._pipe.submit(Snapshot(step, staged, proposal, stall))
+        self._pipe.submit(Snapshot(step, staged, proposal, stall, nbytes=self._stager.nbytes()))
         stall = time.perf_counter() - t0
         self.last_stall_s = stall
         self._last_step = max(self._last_step, step)

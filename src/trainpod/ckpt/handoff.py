@@ -14,6 +14,11 @@ the worker closes. Requests::
      "bytes", "retry_base_s", "durable", "tiers": TierConfig}
                                                       -> {"ok": true} | {"ok": false, "error"}
     {"op": "status", "v": 1, "job_key", "node"}       -> {"ok": true, "status": PersistStatus}
+    {"op": "tier_full", "v": 1, "job_key", "node", "step", "job_id", "attempt_id", "tier",
+     "path", "reason", "needed", "free", "to", "error"}      -> {"ok": true} | {"ok": false, …}
+
+``persist`` carries ``source`` (a tier name) when the step was written into a later tier
+because the primary was full or unwritable (``tier_full`` says so first; docs/decisions/0036).
 
 ``persist`` is idempotent (the newest step wins; resending a step is harmless). ``durable``
 says whether the step goes to the global tiers too: the workers decide it together in the
@@ -39,6 +44,7 @@ MAX_MESSAGE = 65536
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from trainpod.ckpt.fullness import Full
     from trainpod.ckpt.layout import Layout
     from trainpod.ckpt.tiers import Tier
 
@@ -303,9 +309,18 @@ class AgentPersistence:
         self.retry_base_s = retry_base_s
         self._last: dict[str, Any] | None = None
 
-    def handoff(self, step: int, stall_s: float | None, nbytes: int, durable: bool = True) -> bool:
+    def handoff(
+        self,
+        step: int,
+        stall_s: float | None,
+        nbytes: int,
+        durable: bool = True,
+        *,
+        source: str | None = None,
+    ) -> bool:
         """True when the agent accepted the step (it persists it from then on); ``durable``:
-        to the global tiers too (decided by all ranks together)."""
+        to the global tiers too (decided by all ranks together); ``source``: the tier it was
+        written into when not the primary (which was full: see :meth:`tier_full`)."""
         msg = {
             "op": "persist",
             "job_key": self.job_key,
@@ -319,9 +334,33 @@ class AgentPersistence:
             "durable": durable,
             "tiers": self.config.to_dict(),
         }
+        if source is not None:
+            msg["source"] = source
         if self._last is None or step >= self._last["step"]:
             self._last = msg
         reply = self.link.request(msg)
+        return bool(reply and reply.get("ok"))
+
+    def tier_full(self, step: int, full: Full, to: str | None, error: str | None) -> bool:
+        """Tell the agent that ``full.tier`` could not take ``step`` on this node, and where
+        the step went (``to``; None: nowhere, ``error`` says why). True when it answered."""
+        reply = self.link.request(
+            {
+                "op": "tier_full",
+                "job_key": self.job_key,
+                "node": self.node,
+                "step": step,
+                "job_id": self.job_id,
+                "attempt_id": self.attempt_id,
+                "tier": full.tier,
+                "path": full.path,
+                "reason": full.reason,
+                "needed": full.needed,
+                "free": full.free,
+                "to": to,
+                "error": (error or "")[:4000],
+            }
+        )
         return bool(reply and reply.get("ok"))
 
     def resend(self) -> bool:

@@ -353,8 +353,8 @@ class Persister:
         for old in self.staging.glob("step-*"):
             shutil.rmtree(old, ignore_errors=True)
         dst = self.staging / step_name(step)
-        dst.mkdir(parents=True, exist_ok=True)
         try:
+            dst.mkdir(parents=True, exist_ok=True)  # may fail: the staging's tmpfs is full
             for name in names:
                 os.link(src / name, dst / name)
         except OSError as exc:
@@ -387,16 +387,19 @@ class Persister:
         step = req.step
         try:
             tiers = self._tiers_for(req.config)
+            _source(tiers, req.source)
         except CheckpointError as exc:
             with self._cond:
                 self._errors["config"] = str(exc)
             self._report(req, "failed", "config", reason=str(exc))
             self._end_node(req, node)
             return self._end_global(req, None, "done" if glob else "")
-        primary, copies = tiers[0], tiers[1:]
-        assert isinstance(primary, FsTier), "the primary tier is a local FsTier"
+        primary, copies = _source(tiers, req.source)
         src = Path(primary.step_dir(step))
         todo = [t for t in copies if (t.node_scoped and node) or (not t.node_scoped and glob)]
+        if primary is not tiers[0]:  # the worker committed it there itself
+            with self._cond:
+                self._committed[primary.name] = _max(self._committed.get(primary.name), step)
         try:
             m = Manifest.from_json((src / MANIFEST).read_bytes())
             with self._cond:
@@ -571,24 +574,72 @@ class Persister:
         return committed
 
 
+def _source(tiers: list[Tier], name: str | None) -> tuple[FsTier, list[Tier]]:
+    """The tier a step was written into (``name``; None: the primary) and the tiers after
+    it, which the copies go to. Raises CheckpointError for a name the tiers do not have."""
+    i = 0 if name is None else next((k for k, t in enumerate(tiers) if t.name == name), -1)
+    src = tiers[i] if i >= 0 else None
+    if not (isinstance(src, FsTier) and src.local and src.node_scoped):
+        have = [t.name for t in tiers]
+        raise CheckpointError(f"the step's tier {name!r} is not a node-local tier of {have}")
+    return src, tiers[i + 1 :]
+
+
 # -- the process ----------------------------------------------------------------------------
 class _Out:
-    """JSON lines on stdout; a gone reader (the agent died) is ignored."""
+    """JSON lines on stdout. Once the reader is gone (the agent was killed), the reports
+    (committed, failed) go to ``journal`` instead, for the next persister of this job and
+    node to hand to its agent (:func:`replay`): a step handed over just before the agent
+    died is still reported, by the agent that replaced it."""
 
-    def __init__(self) -> None:
+    def __init__(self, journal: Path | None = None) -> None:
         self._lock = threading.Lock()
         self.broken = False
+        self.journal = journal
 
     def __call__(self, msg: dict[str, Any]) -> None:
         line = json.dumps(msg, separators=(",", ":"), default=str) + "\n"
         with self._lock:
-            if self.broken:
-                return
-            try:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-            except (BrokenPipeError, ValueError, OSError):
-                self.broken = True
+            if not self.broken:
+                try:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                    return
+                except (BrokenPipeError, ValueError, OSError):
+                    self.broken = True
+            if self.journal is not None and msg.get("event") in ("committed", "failed"):
+                try:
+                    with self.journal.open("a") as f:
+                        f.write(line)
+                except OSError as exc:
+                    log.warning("cannot keep an undelivered report in %s: %s", self.journal, exc)
+
+
+def journal_of(staging: Path, node: str) -> Path:
+    """Where a persister whose agent died keeps the reports it could not deliver."""
+    return staging.parent / f".persist-{node}.undelivered"
+
+
+def replay(journal: Path, out: Emit) -> int:
+    """Hand the reports a predecessor could not deliver to this persister's agent (then
+    drop them); how many. Call it holding the job's lock: the predecessor has exited."""
+    try:
+        lines = journal.read_text().splitlines()
+    except OSError:
+        return 0
+    n = 0
+    for line in lines:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue  # a line torn by the predecessor's death
+        if isinstance(msg, dict):
+            out(msg)
+            n += 1
+    journal.unlink(missing_ok=True)
+    if n:
+        log.info("handed over %d report(s) a predecessor could not deliver", n)
+    return n
 
 
 def lower_priority(nice: int) -> None:
@@ -633,7 +684,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.nice:
         lower_priority(args.nice)
     args.staging.mkdir(parents=True, exist_ok=True)
-    out = _Out()
+    journal = journal_of(args.staging, args.node)
+    out = _Out(journal)
     p = Persister(args.node, out, staging=args.staging)
     reader = threading.Thread(target=_read_requests, args=(p, sys.stdin), daemon=True)
     reader.start()
@@ -642,6 +694,7 @@ def main(argv: list[str] | None = None) -> None:
     with (args.staging.parent / f".persist-{args.node}.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         out({"event": "started", "pid": os.getpid()})
+        replay(journal, out)
         p.run(finish_timeout_s=args.finish_timeout_s)
     shutil.rmtree(args.staging, ignore_errors=True)
     out(dataclasses.asdict(StatusReport("exited", p.status())))

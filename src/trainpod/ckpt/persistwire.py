@@ -34,12 +34,34 @@ class Request:
     """How long the save stalled training (the agent reports it with the saved step)."""
     nbytes: Annotated[int, Field(alias="bytes")] = 0
     """The size of this node's part of the step."""
+    source: str | None = None
+    """The tier the step was written into when not the primary (it was full: 0036); the
+    copies start from there and go to the tiers after it."""
 
     def __post_init__(self) -> None:
         if self.step < 0:
             raise ValueError(f"step must be a non-negative int, got {self.step!r}")
         if not self.retry_base_s > 0:
             raise ValueError(f"retry_base_s must be a positive number, got {self.retry_base_s!r}")
+
+
+@dataclass(frozen=True)
+class TierFull:
+    """A tier could not take a step on one node (the ``tier_full`` request of
+    :mod:`trainpod.ckpt.handoff`; docs/decisions/0036)."""
+
+    step: int
+    tier: str
+    path: str
+    reason: str
+    needed: int
+    free: int | None
+    to: str | None
+    """The tier the step went to instead; None: no tier took it."""
+    job_id: int | None = None
+    attempt_id: int | None = None
+    error: str = ""
+    """When no tier took it: every tier tried, with its free space."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +104,7 @@ class Started:
 
 PersisterLine = PersistReport | StatusReport | Started
 _REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
+_TIER_FULL: TypeAdapter[TierFull] = TypeAdapter(TierFull)
 _LINE: TypeAdapter[PersisterLine] = TypeAdapter(
     Annotated[PersisterLine, Field(discriminator="event")]
 )
@@ -91,6 +114,11 @@ def parse_request(data: str | bytes) -> Request:
     """A ``persist`` request from its JSON (unknown keys are ignored). Raises ``ValueError``
     (pydantic's ``ValidationError``) naming each bad field."""
     return _REQUEST.validate_json(data, strict=True)
+
+
+def parse_tier_full(data: str | bytes) -> TierFull:
+    """A ``tier_full`` request from its JSON. Raises ``ValueError`` naming each bad field."""
+    return _TIER_FULL.validate_json(data, strict=True)
 
 
 def parse_line(data: str | bytes) -> PersisterLine:

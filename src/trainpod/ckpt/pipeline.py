@@ -1,7 +1,8 @@
 """The background half of a Checkpointer: two threads, each with its own Gloo group.
 
 * writer: for each snapshot, in submission order: ``dcp.save`` of the staged state into the
-  primary tier (node-local shared memory), hash this rank's files, gather every rank's
+  primary tier (node-local shared memory; when it is full or unwritable, the next node-local
+  tier: :mod:`trainpod.ckpt.placing`), hash this rank's files, gather every rank's
   entries, the node leaders write ``.metadata`` and the manifest, and a final all-gather
   decides: committed everywhere, or discarded everywhere. Then the staging buffers are free.
 * copier: takes the newest locally committed step and copies it tier by tier (scratch, peer,
@@ -41,6 +42,7 @@ from trainpod.ckpt.manifest import (
     rank_files,
     write_atomic,
 )
+from trainpod.ckpt.placing import Placed, place
 from trainpod.ckpt.records import Ctx, EventHook, Progress, Snapshot
 from trainpod.ckpt.skips import SkipTally
 from trainpod.ckpt.tiers import FsTier, Meter, Tier
@@ -65,15 +67,21 @@ class Pipeline:
         retry_base_s: float = 1.0,
         retry_max_s: float = 60.0,
         agent: AgentPersistence | None = None,
+        targets: list[FsTier] | None = None,
     ) -> None:
         """With ``agent``, ``copies`` are the tiers the agent's persister fills (for
-        :meth:`progress`); this process copies nothing."""
+        :meth:`progress`); this process copies nothing. ``targets``: the tiers a step may be
+        written into, fastest first (default: the primary alone; see
+        :mod:`trainpod.ckpt.placing`)."""
         self.ctx, self.cw, self.cc = ctx, write_coll, copy_coll
         self.agent = agent
         self.agent_tiers = [t.name for t in copies] if agent is not None else []
         if agent is not None:
             copies = []
         self.primary, self.copies, self.meter = primary, copies, meter
+        self.targets = targets or [primary]
+        self._sources: dict[int, FsTier] = {}
+        """step -> the tier it was written into, where not the primary."""
         self._report, self._hook = report, on_event
         self.retry_base_s, self.retry_max_s = retry_base_s, retry_max_s
         self.staging_free = threading.Event()
@@ -91,7 +99,9 @@ class Pipeline:
         self._failures = 0
         self._pinned: set[int] = set()
         self._manifests: dict[int, Manifest] = {}
-        self._committed: dict[str, int | None] = {t.name: None for t in [primary, *copies]}
+        self._committed: dict[str, int | None] = {
+            t.name: None for t in [primary, *self.targets, *copies]
+        }
         self._errors: dict[str, str] = {}
         self._skipped: dict[str, int] = {}
         self._skips = SkipTally([t.name for t in copies])
@@ -229,41 +239,24 @@ class Pipeline:
                     self._cond.notify_all()
 
     def _write(self, snap: Snapshot) -> None:
-        import torch.distributed.checkpoint as dcp
-
-        ctx, step, tier = self.ctx, snap.step, self.primary
-        d = Path(tier.step_dir(step))
-        err: str | None = None
-        try:
-            if ctx.leader:
-                tier.discard(step)  # leftovers of an earlier attempt at this step
-        except OSError as exc:
-            err = f"clear {d}: {exc}"
-        pre = self.cw.all_gather((err is None, snap.proposal, snap.stall_s))
-        stalls = [p[2] for p in pre if p[2] is not None]
+        ctx, step = self.ctx, snap.step
+        pre = self.cw.all_gather((snap.proposal, snap.stall_s, ctx.node, snap.nbytes))
+        stalls = [p[1] for p in pre if p[1] is not None]
         stall = max(stalls) if stalls else None
-        props: list[Costs] = [p[1] for p in pre if p[1] is not None]
+        props: list[Costs] = [p[0] for p in pre if p[0] is not None]
         if len(props) == len(pre):  # read by save() only after staging_free: same on all ranks
             agreed = props[0]
             for other in props[1:]:
                 agreed = agreed.merge(other)
             self.agreed = agreed
-        if all(p[0] for p in pre):  # all ranks run dcp.save, or none does
-            try:
-                d.mkdir(parents=True, exist_ok=True)
-                writer = dcp.FileSystemWriter(d, sync_files=tier.sync)
-                dcp.save(
-                    snap.staged,
-                    storage_writer=writer,
-                    process_group=self.cw.group,
-                    no_dist=self.cw.group is None,
-                )
-            except Exception as exc:
-                err = f"dcp.save: {exc!r}"
-        else:
-            err = err or "another rank could not prepare"
+        needed = sum(p[3] for p in pre if p[2] == ctx.node)
+        placed = place(ctx, self.cw, self.targets, step, snap.staged, needed)
+        tier = placed.tier
+        d = Path(tier.step_dir(step))
+        err = placed.error
         snap.staged = {}
         self.staging_free.set()
+        self._tier_full(step, placed)  # may ask the agent: after the staging is free
         mine: list[FileEntry] = []
         meta: bytes | None = None
         if err is None:
@@ -305,7 +298,8 @@ class Pipeline:
             return
         if self.agent is not None and ctx.leader:  # before anything that may end this process
             durable = all(p[5] for p in parts)
-            if self.agent.handoff(step, stall, manifest.total_bytes(), durable):
+            source = None if tier is self.primary else tier.name
+            if self.agent.handoff(step, stall, manifest.total_bytes(), durable, source=source):
                 with self._cond:
                     self._errors.pop("agent", None)
             else:  # wait() resends it; the next commit supersedes it
@@ -320,25 +314,50 @@ class Pipeline:
             self._latest_local = step
             self._committed[tier.name] = step
             self._errors.pop(tier.name, None)
+            if tier is not self.primary:
+                self._sources[step] = tier
+            for old in [s for s in self._sources if s < step and s not in self._pinned]:
+                del self._sources[old]
             for old in [s for s in self._manifests if s < step and s not in self._pinned]:
                 del self._manifests[old]
             protect = set(self._pinned)
             self._cond.notify_all()
-        self._committed_event(tier, step)
+        self._committed_event(tier, step, written=True)
         if ctx.leader:
             try:
                 tier.prune(tier.keep, protect | {step})
             except OSError as exc:
                 log.warning("rank %d: pruning %s: %s", ctx.rank, tier.name, exc)
 
-    def _committed_event(self, tier: Tier, step: int, skipped: int = 0) -> None:
+    def _committed_event(
+        self, tier: Tier, step: int, skipped: int = 0, *, written: bool = False
+    ) -> None:
+        """``written``: the writer's commit (the primary's, or a fallback's)."""
         self._event(f"committed:{tier.name}", step)
         metrics: dict[str, Any] = {f"checkpoint_{tier.name}_step": step}
-        if tier is not self.primary:
+        if not written:
             metrics[f"checkpoint_{tier.name}_skipped"] = skipped
-        if tier is self.primary:
+        else:
             metrics["checkpoint_step"] = step  # the agent's "steps after it are recomputed"
         self._report(**metrics)
+
+    def _tier_full(self, step: int, placed: Placed) -> None:
+        """Say which tiers were full or unwritable for ``step`` and where it went: the log,
+        :meth:`progress`'s errors, the hook (``full:<tier>``), a beacon, and the node's
+        agent (the controller's ``checkpoint_tier_full`` event)."""
+        if not placed.full:
+            return
+        to = placed.tier.name if placed.error is None else None
+        for f in placed.mine(self.ctx.node):
+            went = f"written to {to} instead" if to else "no tier took it"
+            why = f"step {step}: {f.describe()}; {went}"
+            log.warning("rank %d: %s", self.ctx.rank, why)
+            with self._cond:
+                self._errors[f.tier] = why
+            self._event(f"full:{f.tier}", step)
+            self._report(checkpoint_full_tier=f.tier, checkpoint_full_to=to or "")
+            if self.agent is not None and self.ctx.leader:
+                self.agent.tier_full(step, f, to, placed.error)
 
     def _failed(self, tier: Tier, step: int, errors: list[str], *, discard: bool) -> None:
         why = "; ".join(errors) or "unknown"
@@ -396,11 +415,18 @@ class Pipeline:
                 continue
             self._round(max(cands))
 
+    def _source(self, step: int) -> FsTier:
+        """The tier ``step`` was written into (a full primary sent it to a fallback)."""
+        with self._cond:
+            return self._sources.get(step, self.primary)
+
     def _manifest(self, step: int) -> Manifest:
         with self._cond:
             m = self._manifests.get(step)
         if m is None:  # committed by the writer of another rank a moment ago: read it back
-            m = Manifest.from_json((Path(self.primary.step_dir(step)) / MANIFEST).read_bytes())
+            m = Manifest.from_json(
+                (Path(self._source(step).step_dir(step)) / MANIFEST).read_bytes()
+            )
         return m
 
     def _round(self, step: int) -> None:
@@ -408,7 +434,7 @@ class Pipeline:
         with self._cond:
             self._pinned.add(step)
             self._attempted = step
-        src = Path(self.primary.step_dir(step))
+        src = Path(self._source(step).step_dir(step))
         retry = False
         for tier in self.copies:
             with self._cond:

@@ -39,6 +39,8 @@ class Snapshot:
     stall_s: float | None = None
     """How long this rank's ``save`` blocked for this snapshot (up to the hand-over)."""
     submitted: float = field(default_factory=time.monotonic)
+    nbytes: int = 0
+    """Bytes of tensors this rank staged (what its files will need, about)."""
 
 
 @dataclass(frozen=True)

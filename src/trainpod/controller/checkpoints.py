@@ -7,7 +7,9 @@ come twice (a reply lost, a controller restart): each event is keyed and written
   of any rank's), once per job and step;
 * ``checkpoint_committed``: once per job, step and tier for tiers that hold the whole
   checkpoint (durable), else once per node too (scratch, peer);
-* ``checkpoint_failed``: once per job, step, tier and node.
+* ``checkpoint_failed``: once per job, step, tier and node;
+* ``checkpoint_tier_full``: a tier could not take a step on a node and where it went
+  instead, once per job, step, tier and node (docs/decisions/0036).
 
 Everything here runs under the controller's lock, inside its store transaction.
 """
@@ -17,7 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 from trainpod.api.models import CheckpointReport, CheckpointUpload, Heartbeat
-from trainpod.model.events import CheckpointCommitted, CheckpointFailed, CheckpointSaved, Event
+from trainpod.model.events import (
+    CheckpointCommitted,
+    CheckpointFailed,
+    CheckpointSaved,
+    CheckpointTierFull,
+    Event,
+)
 from trainpod.model.states import JobState
 from trainpod.store.repo import Store
 
@@ -33,7 +41,7 @@ def _key_of(event: Event) -> Key | None:
     """The key of a checkpoint event of the log (None for any other event)."""
     if isinstance(event, CheckpointSaved):
         return _key(event.kind, event.tier, None, event.step)  # its node column is None
-    if isinstance(event, CheckpointCommitted | CheckpointFailed):
+    if isinstance(event, CheckpointCommitted | CheckpointFailed | CheckpointTierFull):
         return _key(event.kind, event.tier, event.node, event.step)
     return None
 
@@ -70,6 +78,8 @@ class CheckpointEvents:
         # The node column says where the event happened: None for the job as a whole.
         if rep.saved:
             kind, where = "checkpoint_saved", None
+        elif rep.full:
+            kind, where = CheckpointTierFull.kind, node
         elif rep.ok:
             kind, where = "checkpoint_committed", None if rep.scope == "job" else node
         else:
@@ -81,7 +91,21 @@ class CheckpointEvents:
         seen.add(key)
         at = rep.at or None
         event: Event
-        if rep.saved:
+        if rep.full:
+            event = CheckpointTierFull(
+                job_id=job.id,
+                attempt=number,
+                node=node,
+                at=at,
+                step=rep.step,
+                tier=rep.tier,
+                path=rep.path,
+                reason=rep.reason,
+                needed_bytes=rep.needed_bytes,
+                free_bytes=rep.free_bytes,
+                to=rep.to_tier,
+            )
+        elif rep.saved:
             event = CheckpointSaved(
                 job_id=job.id,
                 attempt=number,

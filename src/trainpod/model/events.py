@@ -759,6 +759,30 @@ class CheckpointFailed(KnownEvent):
     bytes: int = 0
 
 
+@_register
+@dataclass(frozen=True, kw_only=True)
+class CheckpointTierFull(KnownEvent):
+    """A tier (``/dev/shm`` first) was full or unwritable for a step on a node: the save went
+    to ``to`` instead (None: no node-local tier took it, ``reason`` names them all), the
+    partial files were removed, what the tier had committed stays (docs/decisions/0036)."""
+
+    kind = "checkpoint_tier_full"
+    job_id: int
+    attempt: int | None
+    node: str
+    at: float | None
+    step: int
+    tier: str
+    path: str = ""
+    reason: str = ""
+    """ENOSPC, EDQUOT, EROFS or EACCES, then what was seen."""
+    needed_bytes: int = 0
+    """What the node's part of the step needed."""
+    free_bytes: int | None = None
+    """Free on the tier's file system after the partial files were removed."""
+    to: str | None = None
+
+
 # Users and access (controller/access.py) ----------------------------------------------------
 
 

@@ -227,7 +227,14 @@ def _events(s: Scrape) -> list[Family]:
     failures = _c("trainpod_checkpoint_failures_total", "Checkpoint steps that failed.", ["tier"])
     for tier, n in sorted(t.failures.items()):
         failures.add_metric([c, tier], float(n))
-    return [*out, stall, size, failures]
+    full = _c(
+        "trainpod_checkpoint_tier_full_total",
+        "Checkpoint steps a tier could not take (full or unwritable): they went to the next.",
+        ["tier"],
+    )
+    for tier, n in sorted(t.full.items()):
+        full.add_metric([c, tier], float(n))
+    return [*out, stall, size, failures, full]
 
 
 def _goodput(s: Scrape) -> list[Family]:

@@ -27,6 +27,7 @@ from trainpod.model.events import (
     CheckpointCommitted,
     CheckpointFailed,
     CheckpointSaved,
+    CheckpointTierFull,
     FaultDetected,
     JobFirstStart,
     JobStateChanged,
@@ -40,6 +41,7 @@ KINDS = (
     CheckpointCommitted.kind,
     CheckpointFailed.kind,
     CheckpointSaved.kind,
+    CheckpointTierFull.kind,
     FaultDetected.kind,
     JobFirstStart.kind,
     JobStateChanged.kind,
@@ -116,6 +118,7 @@ class EventTally:
     size: Histogram = field(default_factory=lambda: Histogram(SIZE_BUCKETS))
     commit: dict[str, Histogram] = field(default_factory=dict)  # tier
     failures: Counter[str] = field(default_factory=Counter)  # tier
+    full: Counter[str] = field(default_factory=Counter)  # tier found full or unwritable
     _detected: dict[int, tuple[float, str]] = field(default_factory=dict)  # job -> (ts, fault)
 
     def seed(
@@ -134,6 +137,7 @@ class EventTally:
             _hist(self.recovery, f, RECOVERY_BUCKETS)
         for t in tiers:
             self.failures[t] += 0
+            self.full[t] += 0
             _hist(self.commit, t, COMMIT_BUCKETS)
         for p in partitions:
             _hist(self.queue_wait, p, QUEUE_WAIT_BUCKETS)
@@ -178,6 +182,8 @@ class EventTally:
                 _hist(self.commit, e.tier, COMMIT_BUCKETS).observe(e.seconds)
             elif isinstance(e, CheckpointFailed):
                 self.failures[e.tier] += 1
+            elif isinstance(e, CheckpointTierFull):
+                self.full[e.tier] += 1
 
 
 def _hist(table: dict[str, Histogram], key: str, buckets: tuple[float, ...]) -> Histogram:
