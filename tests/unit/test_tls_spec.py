@@ -160,3 +160,33 @@ def test_a_verify_failure_is_told_apart_from_an_unreachable_controller(tmp_path:
     assert "https://127.0.0.1:1" in str(rejected) and str(files.cert) in str(rejected)
     assert isinstance(client._unreachable(httpx.ConnectError("refused")), ControllerUnavailable)
     client.close()
+
+
+def test_the_controller_refuses_to_serve_plain_http_off_loopback_unless_recorded_insecure(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from trainpod.controller.daemon import serving_tls
+
+    record = ClusterRecord(
+        name="t",
+        backend="local",
+        spec={},
+        spec_path="/s.yaml",
+        host="0.0.0.0",
+        port=8443,
+        created_at=0.0,
+        shared_dir="/s",
+        scratch_root="/r",
+        checkpoint_uri="file:///c",
+    )
+    plain = spec_of({"host": "0.0.0.0"}, tmp_path).controller
+    with pytest.raises(SystemExit, match=r"refusing to start: .*give controller\.tls"):
+        serving_tls(record, plain)
+    insecure = record.model_copy(update={"insecure": True})
+    assert serving_tls(insecure, plain) is None
+    assert "serving plain HTTP on 0.0.0.0, which is not loopback" in caplog.text
+    files = self_signed(tmp_path, "server")
+    tls = spec_of(
+        {"host": "0.0.0.0", "tls": {"cert": str(files.cert), "key": str(files.key)}}, tmp_path
+    )
+    assert serving_tls(record, tls.controller) == tls.controller.tls

@@ -51,8 +51,9 @@ def plain_http_problem(host: str, tls: TlsSpec | None, *, insecure: bool) -> str
         return None
     return (
         f"the controller would listen on {host}, which is not loopback, over plain HTTP: "
-        "give controller.tls (cert and key, and ca if a private CA signed them) in the cluster "
-        "spec, or pass --insecure to serve plain HTTP on purpose"
+        "give controller.tls, or pass --insecure to serve plain HTTP on purpose "
+        "(controller.tls in the cluster spec takes cert and key, and ca when a private CA "
+        "signed them)"
     )
 
 
