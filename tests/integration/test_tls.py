@@ -85,6 +85,9 @@ def test_plain_http_on_a_wildcard_needs_insecure(home: Path, tmp_path: Path) -> 
         "name: open\ncontroller: {host: 0.0.0.0}\n"
         "instance_groups: [{name: workers, count: 1, devices_per_node: 1}]\n"
     )
+    checked = _cli(home, "cluster", "validate", "-f", str(spec))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "note: `cluster create` will refuse it" in checked.stdout
     refused = _cli(home, "cluster", "create", "-f", str(spec), "--no-wait")
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "give controller.tls, or pass --insecure to serve plain HTTP on purpose" in " ".join(

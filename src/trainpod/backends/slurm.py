@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 
 from trainpod.backends.base import ControllerParts, ProcessStatus, register
-from trainpod.backends.local import CONTROLLER, LocalBackend
+from trainpod.backends.local import CONTROLLER, LocalBackend, refuse_plain_http
 from trainpod.controller.config import ControllerConfig
 from trainpod.errors import Conflict, SpecError
 from trainpod.notice import parse_signal
@@ -74,6 +74,7 @@ class SlurmBackend(LocalBackend):
                 f"a cluster named {spec.name!r} already exists ({self.paths.state_dir}); "
                 f"`trainpod cluster delete {spec.name}` it or change `name:` in {spec_path}"
             )
+        refuse_plain_http(spec.controller, insecure=insecure, source=str(spec_path))
         env = slurm_env(spec)
         check_slurm(spec, Slurm(env))
         self._env = env

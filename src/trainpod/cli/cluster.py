@@ -17,6 +17,7 @@ from trainpod.client.http import TrainpodClient
 from trainpod.errors import ControllerUnavailable, Fatal
 from trainpod.paths import ClusterPaths, ClusterRecord
 from trainpod.spec.loading import load_cluster_spec
+from trainpod.spec.tls import plain_http_problem
 from trainpod.store import backup as db_backup
 
 app = typer.Typer(help="Create and manage clusters.", no_args_is_help=True)
@@ -34,6 +35,9 @@ def validate(file: Path = SPEC_OPT) -> None:
         f"[green]ok[/]: {file} describes cluster [bold]{spec.name}[/] "
         f"({spec.backend}) with {len(nodes)} nodes: {', '.join(n for n, _ in nodes)}"
     )
+    why = plain_http_problem(spec.controller.host, spec.controller.tls, insecure=False)
+    if why is not None:
+        console.print(f"[yellow]note[/]: `cluster create` will refuse it: {why}")
 
 
 def wait_for_nodes(client: TrainpodClient, timeout_s: float) -> list[NodeInfo]:

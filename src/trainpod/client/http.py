@@ -115,9 +115,10 @@ class TrainpodClient:
             trust = self.ca_file or "the system's trust store"
             return CertificateRejected(
                 f"certificate verify failed: the controller at {self.url} presented a "
-                f"certificate that {trust} does not vouch for ({exc}); give the CA that signed "
+                f"certificate not accepted against {trust} ({exc}); give the CA that signed "
                 "it (controller.tls.ca in the cluster spec, or the controller's own certificate "
-                "when it is self-signed)"
+                "when it is self-signed), and a certificate that names the host in the URL "
+                "(controller.advertise)"
             )
         return ControllerUnavailable(
             f"cannot reach the controller at {self.url} ({type(exc).__name__}); "
