@@ -36,6 +36,10 @@ class Forbidden(Fatal):
     """The caller may not do this (another user's job, an admin's operation)."""
 
 
+class CertificateRejected(Fatal):
+    """The controller's TLS certificate is not vouched for by the CA the client was given."""
+
+
 class ControllerUnavailable(Retryable):
     """The controller could not be reached."""
 

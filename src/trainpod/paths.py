@@ -122,10 +122,19 @@ class ClusterRecord(BaseModel):
     checkpoint_uri: str
     env: dict[str, str] = {}
     """Environment the cluster's processes need (Slurm: ``SLURM_CONF``)."""
+    advertise: str | None = None
+    """The host clients and agents connect to; None: ``host`` (ADR 0040)."""
+    ca_file: str | None = None
+    """Set when the controller serves HTTPS: what every client verifies it against (the
+    spec's ``controller.tls.ca``, else its self-signed certificate)."""
+    insecure: bool = False
+    """``cluster create --insecure``: plain HTTP off loopback, on purpose."""
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = self.advertise or self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"{'https' if self.ca_file else 'http'}://{host}:{self.port}"
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")

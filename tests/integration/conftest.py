@@ -117,7 +117,7 @@ def _bring_up(spec_path: Path, name: str, tmp_path: Path, made: list[Cluster]) -
     paths = ClusterPaths.of(name)
     backend = LocalBackend(paths)
     record = backend.create(load_cluster_spec(spec_path), spec_path)
-    client = TrainpodClient(record.url, read_secret(paths.admin_token))
+    client = TrainpodClient.for_record(record, read_secret(paths.admin_token))
     workdir = tmp_path / f"work-{name}"
     workdir.mkdir()
     c = Cluster(paths, record, backend, client, workdir)

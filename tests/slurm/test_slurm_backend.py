@@ -128,7 +128,7 @@ def slurm_cluster(
     paths = ClusterPaths.of("sl")
     backend = SlurmBackend(paths)
     record = backend.create(load_cluster_spec(spec_path), spec_path)
-    client = TrainpodClient(record.url, read_secret(paths.admin_token))
+    client = TrainpodClient.for_record(record, read_secret(paths.admin_token))
     workdir = tmp_path / "work"
     workdir.mkdir()
     try:

@@ -33,6 +33,7 @@ from trainpod.spec.sharing import (
     UserSpec,
     quota_nodes,
 )
+from trainpod.spec.tls import ControllerSpec, TlsSpec
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster.yaml"
 SHARED_EXAMPLE = EXAMPLE.with_name("shared-cluster.yaml")
@@ -487,6 +488,8 @@ def test_models_are_frozen_and_hashable(spec_dir: Path) -> None:
         UserSpec,
         QuotaAmount,
         FairShareSpec,
+        ControllerSpec,
+        TlsSpec,
     ],
 )
 def test_every_field_is_documented(model: type[pydantic.BaseModel]) -> None:

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         # `trainpod run` give the same to a shell or a step (controller/allocations.py).
         return {**node_facts(scratch, devices), "env": dict(node_env)}
 
-    client = TrainpodClient(record.url, read_secret(paths.agent_token))
+    client = TrainpodClient.for_record(record, read_secret(paths.agent_token))
     paths.runtime_dir.mkdir(mode=0o700, exist_ok=True)
     beacon_path = paths.runtime_dir / f"{args.node}.sock"
     tensorboard = TensorBoardTap()
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         quota_gib=quota,
         min_free_gib=spec.storage.min_free_gib,
         max_temperature_c=spec.health.max_temperature_c,
-        controller=(record.host, record.port),
+        controller=(record.advertise or record.host, record.port),
         reference=lambda: agent.controller_time() if agent else None,
     )
     slurm_notice = None

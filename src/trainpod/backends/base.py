@@ -48,8 +48,12 @@ class Backend(ABC):
         self.paths = paths
 
     @abstractmethod
-    def create(self, spec: ClusterSpec, spec_path: Path) -> ClusterRecord:
-        """Create the cluster's state and start its processes. Raises Conflict if it exists."""
+    def create(
+        self, spec: ClusterSpec, spec_path: Path, *, insecure: bool = False
+    ) -> ClusterRecord:
+        """Create the cluster's state and start its processes. Raises Conflict if it exists,
+        SpecError if the controller would serve plain HTTP off loopback without ``insecure``
+        (ADR 0040)."""
 
     @abstractmethod
     def start(self) -> list[str]:

@@ -12,6 +12,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from trainpod.agent.facts import detect_gpus
 from trainpod.backends.base import Backend, ControllerParts, ProcessStatus, register
@@ -19,9 +20,10 @@ from trainpod.backends.procs import MARKER_ENV, is_ours, read_pid, spawn, sweep,
 from trainpod.client.http import TrainpodClient
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.ports import free_port
-from trainpod.errors import Conflict, ControllerUnavailable, Fatal
+from trainpod.errors import Conflict, ControllerUnavailable, Fatal, SpecError
 from trainpod.paths import ClusterRecord, read_secret, write_secret
 from trainpod.spec.cluster import ClusterSpec
+from trainpod.spec.tls import ControllerSpec, is_loopback, is_wildcard, plain_http_problem
 
 CONTROLLER = "controller"
 READY_TIMEOUT_S = 30.0
@@ -37,13 +39,23 @@ def python_first_path() -> dict[str, str]:
     return {"PATH": path}
 
 
+def refuse_plain_http(controller: ControllerSpec, *, insecure: bool, source: str) -> None:
+    """Raise SpecError if the controller would serve plain HTTP off loopback unasked."""
+    why = plain_http_problem(controller.host, controller.tls, insecure=insecure)
+    if why is not None:
+        raise SpecError(f"{source}: controller.host: {why}")
+
+
 @register
 class LocalBackend(Backend):
     name = "local"
 
     # -- create / start -------------------------------------------------------------------
-    def create(self, spec: ClusterSpec, spec_path: Path) -> ClusterRecord:
+    def create(
+        self, spec: ClusterSpec, spec_path: Path, *, insecure: bool = False
+    ) -> ClusterRecord:
         p = self.paths
+        refuse_plain_http(spec.controller, insecure=insecure, source=str(spec_path))
         if p.record.exists():
             raise Conflict(
                 f"a cluster named {spec.name!r} already exists ({p.state_dir}); "
@@ -58,12 +70,11 @@ class LocalBackend(Backend):
             backend=self.name,
             spec=spec.to_json(),
             spec_path=str(spec_path),
-            host="127.0.0.1",
-            port=free_port("127.0.0.1"),
             created_at=time.time(),
             shared_dir=str(shared),
             scratch_root=str(scratch),
             checkpoint_uri=ckpt,
+            **self._address(spec.controller, insecure=insecure),
         )
         record = self._new_record(record)
         write_secret(p.admin_token)
@@ -75,6 +86,26 @@ class LocalBackend(Backend):
     def controller_parts(self, record: ClusterRecord, config: ControllerConfig) -> ControllerParts:
         """trainpod places jobs itself and replaces a node by restarting its agent afresh."""
         return ControllerParts(replacer=self.replace_node)
+
+    def _address(self, controller: ControllerSpec, *, insecure: bool) -> dict[str, Any]:
+        """The record's controller address: bind host, port, advertised host, CA, insecure."""
+        host = controller.host
+        advertise = controller.advertise or (
+            self._wildcard_advertise() if is_wildcard(host) else None
+        )
+        tls = controller.tls
+        return {
+            "host": host,
+            "port": controller.port or free_port(host),
+            "advertise": advertise,
+            "ca_file": None if tls is None else str(tls.trust()),
+            "insecure": insecure and tls is None and not is_loopback(host),
+        }
+
+    def _wildcard_advertise(self) -> str:
+        """Where clients connect to a controller bound to every interface: every process of
+        a local cluster is on this machine."""
+        return "127.0.0.1"
 
     def _new_record(self, record: ClusterRecord) -> ClusterRecord:
         """A hook for backends that record more (Slurm: its environment)."""
@@ -162,7 +193,8 @@ class LocalBackend(Backend):
     def wait_ready(self, record: ClusterRecord, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Block until the controller answers, or raise with its log tail."""
         deadline = time.monotonic() + timeout_s
-        with TrainpodClient(record.url, read_secret(self.paths.admin_token), timeout_s=2) as c:
+        token = read_secret(self.paths.admin_token)
+        with TrainpodClient.for_record(record, token, timeout_s=2) as c:
             while True:
                 try:
                     c.cluster()

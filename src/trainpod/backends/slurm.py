@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 from pathlib import Path
 
 from trainpod.backends.base import ControllerParts, ProcessStatus, register
-from trainpod.backends.local import CONTROLLER, LocalBackend
+from trainpod.backends.local import CONTROLLER, LocalBackend, refuse_plain_http
 from trainpod.controller.config import ControllerConfig
 from trainpod.errors import Conflict, SpecError
 from trainpod.notice import parse_signal
@@ -65,16 +66,19 @@ def check_slurm(spec: ClusterSpec, slurm: Slurm) -> None:
 class SlurmBackend(LocalBackend):
     name = "slurm"
 
-    def create(self, spec: ClusterSpec, spec_path: Path) -> ClusterRecord:
+    def create(
+        self, spec: ClusterSpec, spec_path: Path, *, insecure: bool = False
+    ) -> ClusterRecord:
         if self.paths.record.exists():
             raise Conflict(
                 f"a cluster named {spec.name!r} already exists ({self.paths.state_dir}); "
                 f"`trainpod cluster delete {spec.name}` it or change `name:` in {spec_path}"
             )
+        refuse_plain_http(spec.controller, insecure=insecure, source=str(spec_path))
         env = slurm_env(spec)
         check_slurm(spec, Slurm(env))
         self._env = env
-        record = super().create(spec, spec_path)
+        record = super().create(spec, spec_path, insecure=insecure)
         Path(record.shared_dir).mkdir(parents=True, exist_ok=True)
         return record
 
@@ -94,6 +98,10 @@ class SlurmBackend(LocalBackend):
         )
         ops = SlurmOps(Slurm(record.env), site)
         return ControllerParts(scheduling=slurm_scheduling(ops), ops=ops)
+
+    def _wildcard_advertise(self) -> str:
+        """Agents run on other nodes: they connect to this machine by its name."""
+        return socket.gethostname()
 
     def _new_record(self, record: ClusterRecord) -> ClusterRecord:
         return record.model_copy(update={"env": getattr(self, "_env", {})})

@@ -17,6 +17,7 @@ from trainpod.client.http import TrainpodClient
 from trainpod.errors import ControllerUnavailable, Fatal
 from trainpod.paths import ClusterPaths, ClusterRecord
 from trainpod.spec.loading import load_cluster_spec
+from trainpod.spec.tls import plain_http_problem
 from trainpod.store import backup as db_backup
 
 app = typer.Typer(help="Create and manage clusters.", no_args_is_help=True)
@@ -34,6 +35,9 @@ def validate(file: Path = SPEC_OPT) -> None:
         f"[green]ok[/]: {file} describes cluster [bold]{spec.name}[/] "
         f"({spec.backend}) with {len(nodes)} nodes: {', '.join(n for n, _ in nodes)}"
     )
+    why = plain_http_problem(spec.controller.host, spec.controller.tls, insecure=False)
+    if why is not None:
+        console.print(f"[yellow]note[/]: `cluster create` will refuse it: {why}")
 
 
 def wait_for_nodes(client: TrainpodClient, timeout_s: float) -> list[NodeInfo]:
@@ -56,12 +60,22 @@ def create(
     file: Path = SPEC_OPT,
     wait: bool = typer.Option(True, help="wait for nodes to finish their lifecycle scripts"),
     timeout_s: float = typer.Option(600.0, "--timeout-s", help="how long to wait for nodes"),
+    insecure: bool = typer.Option(
+        False,
+        "--insecure",
+        help="serve plain HTTP even on a non-loopback controller.host (no controller.tls)",
+    ),
 ) -> None:
     """Create a cluster from a spec and start its controller and node agents."""
     spec = load_cluster_spec(file)
     paths = ClusterPaths.of(spec.name)
     backend = backend_for(spec.backend, paths)
-    record = backend.create(spec, file.absolute())
+    record = backend.create(spec, file.absolute(), insecure=insecure)
+    if record.insecure:
+        console.print(
+            f"[yellow]warning[/]: --insecure: the controller serves plain HTTP on "
+            f"{record.host}, which is not loopback; tokens cross the network in clear text"
+        )
     set_current(spec.name)
     console.print(f"cluster [bold]{spec.name}[/] created; controller at {record.url}")
     console.print(f"  state dir: {paths.state_dir}\n  shared dir: {record.shared_dir}")
@@ -70,7 +84,7 @@ def create(
         return
     if not wait:
         return
-    with TrainpodClient(record.url, paths.admin_token.read_text().strip()) as client:
+    with TrainpodClient.for_record(record, paths.admin_token.read_text().strip()) as client:
         nodes = wait_for_nodes(client, timeout_s)
     failed = [n for n in nodes if n.state == "failed"]
     for n in failed:
@@ -89,6 +103,15 @@ def list_() -> None:
         procs = backend_for(record.backend, paths).processes()
         up = sum(p.alive for p in procs)
         console.print(f"{name:<20} {record.backend:<6} {record.url:<24} {up}/{len(procs)} up")
+
+
+def transport(record: ClusterRecord) -> str:
+    """How clients reach the controller: HTTPS and what it is verified against, or HTTP."""
+    if record.ca_file is not None:
+        return f"https (bound to {record.host}; clients verify against {record.ca_file})"
+    if record.insecure:
+        return f"[red]plain HTTP on {record.host}, not loopback (created with --insecure)[/]"
+    return f"plain HTTP on loopback ({record.host})"
 
 
 @app.command()
@@ -115,6 +138,7 @@ def describe(
         console.print_json(json.dumps(doc))
         return
     console.print(f"[bold]{record.name}[/] ({record.backend}) controller {record.url}")
+    console.print(f"  transport   {transport(record)}")
     console.print(f"  state dir   {paths.state_dir}")
     console.print(f"  shared dir  {record.shared_dir}")
     console.print(f"  scratch     {record.scratch_root}")

@@ -89,4 +89,4 @@ def token_for(paths: ClusterPaths) -> str:
 def client_for(name: str | None) -> TrainpodClient:
     paths = resolve_cluster(name)
     record = ClusterRecord.load(paths)
-    return TrainpodClient(record.url, token_for(paths))
+    return TrainpodClient.for_record(record, token_for(paths))

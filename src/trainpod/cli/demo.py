@@ -295,7 +295,7 @@ def run_demo(*, steps: int, delete_after: bool, fault: str | None = "xid79") -> 
     ex = examples_dir()
     t0 = time.time()
     paths, record = _ensure_cluster(ex / "cluster.yaml")
-    with TrainpodClient(record.url, read_secret(paths.admin_token)) as client:
+    with TrainpodClient.for_record(record, read_secret(paths.admin_token)) as client:
         nodes = wait_for_nodes(client, timeout_s=300)
         console.print(nodes_table(nodes))
         bad = [n for n in nodes if n.state == NodeState.FAILED]

@@ -7,9 +7,11 @@ matching :class:`Fatal` kind when it refused the request, with its message.
 
 from __future__ import annotations
 
+import ssl
 import time
 import uuid
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
@@ -17,6 +19,7 @@ from pydantic import BaseModel, TypeAdapter
 from trainpod.api import models as wire
 from trainpod.api.devices import JobEnergy
 from trainpod.errors import (
+    CertificateRejected,
     Conflict,
     ControllerUnavailable,
     Fatal,
@@ -29,6 +32,9 @@ from trainpod.errors import (
     TrainpodError,
 )
 from trainpod.spec.job import JobSpec
+
+if TYPE_CHECKING:
+    from trainpod.paths import ClusterRecord
 
 _T = TypeVar("_T")
 
@@ -66,21 +72,70 @@ _ERRORS: dict[str, type[TrainpodError]] = {
 IDEMPOTENCY_HEADER = "Idempotency-Key"  # the controller's trainpod.controller.idempotency.HEADER
 
 
+def trust_context(ca_file: str | Path | None) -> ssl.SSLContext:
+    """The TLS context a client verifies the controller with: ``ca_file`` (a CA, or the
+    controller's self-signed certificate) if given, else the system's trust store. Never
+    without verification (ADR 0040)."""
+    try:
+        return ssl.create_default_context(cafile=None if ca_file is None else str(ca_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise Fatal(
+            f"cannot load the CA file {ca_file} to verify the controller with ({exc}); "
+            "give the PEM CA certificate that signed the controller's certificate "
+            "(controller.tls.ca in the cluster spec), readable by this user"
+        ) from None
+
+
 class TrainpodClient:
     def __init__(
-        self, url: str, token: str, *, timeout_s: float = 30.0, retry_s: float = 30.0
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout_s: float = 30.0,
+        retry_s: float = 30.0,
+        ca_file: str | Path | None = None,
     ) -> None:
         """``retry_s``: how long :meth:`submit` keeps retrying a call the controller did not
         answer (unreachable, the connection dropped, the reply lost), with the same
         idempotency key, before it raises; 0: never retried. An answer (a 503 for a full
-        disk included) is never retried: it says what happened."""
+        disk included) is never retried: it says what happened. ``ca_file``: what an
+        ``https://`` controller is verified against (None: the system's trust store)."""
         self.url = url
         self.retry_s = retry_s
+        self.ca_file = ca_file
+        https = url.startswith("https://")
         self._http = httpx.Client(
             base_url=url,
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout_s,
             trust_env=False,  # the controller is local or on the cluster network, never proxied
+            verify=trust_context(ca_file) if https else True,
+        )
+
+    @classmethod
+    def for_record(
+        cls, record: ClusterRecord, token: str, *, timeout_s: float = 30.0
+    ) -> TrainpodClient:
+        """A client of the cluster's controller: its URL, verified against its CA."""
+        return cls(record.url, token, timeout_s=timeout_s, ca_file=record.ca_file)
+
+    def _unreachable(self, exc: httpx.TransportError) -> TrainpodError:
+        """The error for a request that got no answer: a certificate the CA does not vouch
+        for is Fatal (retrying will not help), anything else ControllerUnavailable."""
+        if _verify_failed(exc):
+            trust = self.ca_file or "the system's trust store"
+            return CertificateRejected(
+                f"certificate verify failed: the controller at {self.url} presented a "
+                f"certificate not accepted against {trust} ({exc}); give the CA that signed "
+                "it (controller.tls.ca in the cluster spec, or the controller's own certificate "
+                "when it is self-signed), and a certificate that names the host in the URL "
+                "(controller.advertise)"
+            )
+        return ControllerUnavailable(
+            f"cannot reach the controller at {self.url} ({type(exc).__name__}); "
+            "is the cluster running? `trainpod cluster describe` tells, "
+            "`trainpod cluster start` restarts it"
         )
 
     def close(self) -> None:
@@ -117,11 +172,7 @@ class TrainpodClient:
                 timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
             )
         except httpx.TransportError as exc:
-            raise ControllerUnavailable(
-                f"cannot reach the controller at {self.url} ({type(exc).__name__}); "
-                "is the cluster running? `trainpod cluster describe` tells, "
-                "`trainpod cluster start` restarts it"
-            ) from exc
+            raise self._unreachable(exc) from exc
         if resp.status_code >= 400:
             raise _error(resp)
         if resp.status_code == 204:
@@ -142,7 +193,7 @@ class TrainpodClient:
         try:
             resp = self._http.get(f"/v1/nodes/{name}/telemetry")
         except httpx.TransportError as exc:
-            raise ControllerUnavailable(f"cannot reach the controller at {self.url}") from exc
+            raise self._unreachable(exc) from exc
         if resp.status_code == 404:
             return None
         if resp.status_code >= 400:
@@ -271,3 +322,13 @@ def _error(resp: httpx.Response) -> TrainpodError:
     if resp.status_code == 422 and kind is Fatal:  # FastAPI's own: a body that is no spec
         kind = SpecError
     return kind(f"controller refused the request ({resp.status_code}): {message}")
+
+
+def _verify_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a failed certificate verification."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "CERTIFICATE_VERIFY_FAILED" in str(exc)

@@ -28,6 +28,7 @@ from trainpod.controller.tensorboard import GoodputFollower
 from trainpod.paths import ClusterPaths, ClusterRecord, read_secret, write_secret
 from trainpod.spec.loading import load_recorded_spec
 from trainpod.spec.sharing import quota_nodes
+from trainpod.spec.tls import ControllerSpec, TlsSpec, plain_http_problem
 from trainpod.store.backup import check, refuse_corrupt
 from trainpod.store.repo import Store
 
@@ -196,6 +197,21 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def serving_tls(record: ClusterRecord, controller: ControllerSpec) -> TlsSpec | None:
+    """The certificate to serve with, or None for plain HTTP; refuses plain HTTP off
+    loopback unless the cluster was created ``--insecure`` (ADR 0040), and warns when so."""
+    why = plain_http_problem(record.host, controller.tls, insecure=record.insecure)
+    if why is not None:
+        raise SystemExit(f"refusing to start: {why} (`trainpod cluster create --insecure`)")
+    if record.insecure:
+        log.warning(
+            "serving plain HTTP on %s, which is not loopback: created with --insecure; "
+            "tokens cross the network in clear text (give controller.tls to serve HTTPS)",
+            record.host,
+        )
+    return controller.tls
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="trainpod-controller")
     parser.add_argument("--state-dir", required=True, type=Path)
@@ -209,7 +225,9 @@ def main(argv: list[str] | None = None) -> None:
     record = ClusterRecord.load(paths)
     config = config_from_record(record, paths)
     refuse_a_damaged_db(paths)
-    busy_s = load_recorded_spec(record).storage.state_db_busy_timeout_s
+    spec = load_recorded_spec(record)
+    tls = serving_tls(record, spec.controller)
+    busy_s = spec.storage.state_db_busy_timeout_s
     store = Store.open(paths.db, busy_timeout_s=busy_s)
     parts = backend_for(record.backend, paths).controller_parts(record, config)
     controller = Controller(
@@ -292,6 +310,8 @@ def main(argv: list[str] | None = None) -> None:
             # Nothing reads a client's address; uvicorn's X-Forwarded-For rewriting is a
             # middleware run on every request, heartbeats included.
             proxy_headers=False,
+            ssl_certfile=None if tls is None else str(tls.cert),
+            ssl_keyfile=None if tls is None else str(tls.key),
         )
     finally:
         shut_down()

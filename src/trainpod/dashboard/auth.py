@@ -59,7 +59,9 @@ async def login_redirect(scope: Scope, receive: Receive, send: Send) -> None:
     await response(scope, receive, send)
 
 
-def set_login(response: Response, token: str) -> None:
+def set_login(response: Response, token: str, *, secure: bool) -> None:
+    """``secure``: the login came over HTTPS (controller.tls), so the browser must send the
+    cookie over HTTPS only."""
     response.set_cookie(
         COOKIE,
         token,
@@ -67,7 +69,7 @@ def set_login(response: Response, token: str) -> None:
         path="/",
         httponly=True,
         samesite="strict",
-        secure=False,  # the controller serves plain HTTP on the cluster's network
+        secure=secure,
     )
 
 

@@ -96,7 +96,7 @@ def dashboard_router(controller: Controller, *, resolve: Resolve) -> APIRouter:
             refused.status_code = 401
             return refused
         response = RedirectResponse("/ui/queue", status_code=303)
-        set_login(response, token)
+        set_login(response, token, secure=request.url.scheme == "https")
         return response
 
     @router.post("/logout")

@@ -41,6 +41,7 @@ from trainpod.spec.sharing import (
     UserSpec,
     sharing_problems,
 )
+from trainpod.spec.tls import ControllerSpec
 from trainpod.spec.workerenv import DEFAULT_ENV_ALLOW, EnvAllowEntry
 
 Backend = Literal["local", "slurm"]
@@ -394,6 +395,8 @@ class ClusterSpec(_Model):
     """``local`` runs nodes as processes on this machine; ``slurm`` runs them as Slurm jobs."""
     instance_groups: tuple[InstanceGroup, ...] = Field(min_length=1)
     """Node groups, in a stable order that fixes node naming (see :meth:`node_names`)."""
+    controller: ControllerSpec = ControllerSpec()
+    """Where the controller listens (127.0.0.1 on a free port by default) and its TLS."""
     storage: StorageSpec = StorageSpec()
     """Shared dir, node scratch and checkpoint location; all optional."""
     partitions: Annotated[tuple[Partition, ...], Field(min_length=1)] | None = None
