@@ -111,6 +111,14 @@ class Pipeline:
         self._copier = threading.Thread(target=self._copy_loop, name="tp-ckpt-copy", daemon=True)
 
     def start(self) -> None:
+        # What the writer thread imports, imported here, on the caller's thread, first:
+        # two threads importing torch's modules for the first time at once can see one
+        # half made (an AttributeError inside torch's own import was seen once in a test
+        # run on a loaded box; the likeliest cause, not proven).
+        import torch.distributed.checkpoint
+        import torch.distributed.checkpoint.api
+        import torch.distributed.checkpoint.filesystem  # noqa: F401
+
         self._writer.start()
         self._copier.start()
 
