@@ -31,6 +31,7 @@ from trainpod.spec.sharing import quota_nodes
 from trainpod.spec.tls import ControllerSpec, TlsSpec, plain_http_problem
 from trainpod.store.backup import check, refuse_corrupt
 from trainpod.store.repo import Store
+from trainpod.store.walcheckpoint import AUTOCHECKPOINT_CAP_PAGES, WalCheckpointer
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     tls = serving_tls(record, spec.controller)
     busy_s = spec.storage.state_db_busy_timeout_s
     store = Store.open(paths.db, busy_timeout_s=busy_s)
+    wal = WalCheckpointer(paths.db)  # outside the lock, not inside a commit
+    store.checkpoint_at(AUTOCHECKPOINT_CAP_PAGES)
     parts = backend_for(record.backend, paths).controller_parts(record, config)
     controller = Controller(
         store, config, scheduling=parts.scheduling or Scheduling, replacer=parts.replacer
@@ -267,6 +270,7 @@ def main(argv: list[str] | None = None) -> None:
         stop.set()
         controller.wakeup.set()
         controller.flush_energy()
+        wal.close()  # first: the store's close must be the last, to fold the log
         controller.close()
         log.info("controller for %s stopped; store closed", record.name)
 
@@ -279,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         on_shutdown=shut_down,
     )
     tune_gc()
+    wal.start()
     loop = threading.Thread(target=run_reconciler, args=(controller, stop, health), daemon=True)
     loop.start()
     if parts.ops is not None:

@@ -112,6 +112,11 @@ class Store:
     def close(self) -> None:
         self._conn.close()
 
+    def checkpoint_at(self, pages: int) -> None:
+        """Let a commit checkpoint SQLite's log by itself only past ``pages`` (the
+        :class:`~trainpod.store.walcheckpoint.WalCheckpointer` folds it before)."""
+        self._conn.execute(f"PRAGMA wal_autocheckpoint = {int(pages)}")
+
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """Run the block in one write transaction (nested calls join the outer one)."""
