@@ -91,6 +91,12 @@ WARNING = (
     "JobId=4 JobName=probe.sh JobState=RUNNING Reason=None Restarts=0 TimeLimit=00:01:00 "
     "StartTime=2026-12-01T18:08:56 EndTime=2026-12-01T18:09:56 SuspendTime=None"
 )
+# ... the preemption's SIGTERM (no user signal) while Slurm still delivers it (one agent of two
+# asked in that moment; the other saw RUNNING) ...
+SIGNALING = (
+    "JobState=SIGNALING Reason=None Restarts=0 TimeLimit=365-00:00:00 "
+    "StartTime=2026-12-03T20:08:34 EndTime=2026-12-03T20:09:11 PreemptTime=2026-12-03T20:08:41"
+)
 # ... and the SIGTERM at the end of a grace, the job already requeued.
 ENDING = (
     "JobId=1 JobState=COMPLETING Reason=None Restarts=1 TimeLimit=00:02:00 "
@@ -102,6 +108,11 @@ def test_slurms_record_tells_a_preemption_from_the_time_limits_warning() -> None
     assert classify(parse_job(PREEMPTING)) is Kind.PREEMPTION
     assert classify(parse_job(WARNING)) is Kind.TIME_LIMIT
     assert classify(parse_job(ENDING)) is Kind.ENDING
+    assert classify(parse_job(SIGNALING)) is Kind.PREEMPTION  # a state flag, still running
+    signaling = WARNING.replace("JobState=RUNNING", "JobState=SIGNALING")
+    assert classify(parse_job(signaling)) is Kind.TIME_LIMIT
+    for ended in ("CANCELLED", "TIMEOUT", "COMPLETED", "FAILED", "NODE_FAIL"):
+        assert classify(parse_job(PREEMPTING.replace("RUNNING", ended))) is Kind.ENDING
     # A Slurm that shows no PreemptTime: the end pulled in before start + limit says it.
     pulled_in = PREEMPTING.replace("PreemptTime=2026-12-01T18:08:26", "")
     assert classify(parse_job(pulled_in)) is Kind.PREEMPTION

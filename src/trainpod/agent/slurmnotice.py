@@ -25,7 +25,10 @@ preemption is taken as the notice and the agent stays for the grace (leaving ear
 the allocation without its requeue); anything else (``scancel``, the time limit's end) stops
 the agent as before. Slurm's record can lag its SIGTERM (the job still ``RUNNING`` with
 ``PreemptTime=None`` for a moment, seen on a loaded box), so only "ending" is believed at
-once: a record that says neither is asked again for :data:`CONFIRM_S` first.
+once: a record that says neither is asked again for :data:`CONFIRM_S` first. "Ending" is a
+``JobState`` of :data:`ENDING_STATES` only: while Slurm delivers the SIGTERM it shows
+``SIGNALING``, a job still running (taking every state but ``RUNNING`` for an end failed a
+preempted job in CI).
 While that check runs, the agent holds its reports (:meth:`SlurmNoticeWatch.settle`) so that
 the ranks' exits, which the same SIGTERM causes, reach the controller with the preemption,
 never before it.
@@ -67,9 +70,31 @@ nor "ending": right after Slurm's preemption SIGTERM, ``scontrol`` was seen to s
 ``PreemptTime=None`` still (1 fresh-clone run of 2 on a loaded box)."""
 REASK_S = 0.5
 
-_FIELD = re.compile(r"(?:^|\s)(JobState|StartTime|EndTime|TimeLimit|PreemptTime)=(\S*)")
+_FIELD = re.compile(
+    r"(?:^|\s)(JobState|Reason|Restarts|StartTime|EndTime|TimeLimit|PreemptTime)=(\S*)"
+)
 _LIMIT = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
 _NO_TIME = {"", "None", "Unknown", "N/A"}
+ENDING_STATES = frozenset(
+    {
+        "COMPLETING",
+        "COMPLETED",
+        "CANCELLED",
+        "TIMEOUT",
+        "FAILED",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "STAGE_OUT",
+    }
+)
+"""``JobState`` values of a job that is ending or has ended. Any other value is read as still
+running: Slurm shows a state flag in place of ``RUNNING`` while it is set, such as
+``SIGNALING`` while a signal is being delivered to the job's steps, which is exactly when a
+preemption's SIGTERM reaches the agents (seen on Slurm 22.05.8, 1 agent of 2:
+``JobState=SIGNALING`` with ``PreemptTime`` set); its other fields say what it is."""
 
 
 class Kind(enum.Enum):
@@ -89,7 +114,7 @@ def classify(job: Mapping[str, str]) -> Kind:
     the job at that moment (:func:`parse_job`)."""
     if not job:
         return Kind.UNKNOWN
-    if job.get("JobState", "RUNNING") != "RUNNING":
+    if job.get("JobState", "RUNNING") in ENDING_STATES:
         return Kind.ENDING
     if job.get("PreemptTime", "None") not in _NO_TIME:
         return Kind.PREEMPTION
@@ -100,6 +125,10 @@ def classify(job: Mapping[str, str]) -> Kind:
     if end < start + limit - PULLED_IN_SLACK_S:
         return Kind.PREEMPTION  # its end was pulled in to now + GraceTime
     return Kind.TIME_LIMIT
+
+
+def _shown(job: Mapping[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in job.items()) or "nothing"
 
 
 def _when(text: str) -> float | None:
@@ -214,9 +243,9 @@ class SlurmNoticeWatch:
 
     def _sigterm(self, stop: Callable[[], None]) -> None:
         try:
-            kind = self._sigterm_kind()
+            kind, job = self._sigterm_kind()
             if kind is not Kind.PREEMPTION:
-                log.info("SIGTERM: %s; stopping", kind.value)
+                log.info("SIGTERM: %s (Slurm's record: %s); stopping", kind.value, _shown(job))
                 stop()
                 return
             with self._lock:
@@ -224,8 +253,9 @@ class SlurmNoticeWatch:
                 if changed:
                     self.preempted_at = time.time()
             log.info(
-                "SIGTERM is Slurm's preemption notice (no user signal was sent): the ranks "
-                "get trainpod's; the agent stays for the grace"
+                "SIGTERM is Slurm's preemption notice (no user signal was sent; Slurm's "
+                "record: %s): the ranks get trainpod's; the agent stays for the grace",
+                _shown(job),
             )
             self._give(changed)
         except Exception:
@@ -234,15 +264,16 @@ class SlurmNoticeWatch:
         finally:
             self._settled.set()
 
-    def _sigterm_kind(self) -> Kind:
+    def _sigterm_kind(self) -> tuple[Kind, Mapping[str, str]]:
         """What Slurm says a SIGTERM is. "Ending" (cancelled, out of time) and "preempted" are
         taken at once; anything else is asked again for ``confirm_s``, since Slurm's record
         of a preemption can lag its SIGTERM, before the SIGTERM is taken for a plain stop."""
         deadline = time.monotonic() + self._confirm_s
         while True:
-            kind = classify(self._ask())
+            job = self._ask()
+            kind = classify(job)
             if kind in (Kind.PREEMPTION, Kind.ENDING) or time.monotonic() >= deadline:
-                return kind
+                return kind, job
             log.info("SIGTERM: Slurm's record says %s so far; asking again", kind.value)
             time.sleep(REASK_S)
 
