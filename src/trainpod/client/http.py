@@ -70,6 +70,13 @@ _ERRORS: dict[str, type[TrainpodError]] = {
     "IdempotencyKeyReused": IdempotencyKeyReused,
 }
 IDEMPOTENCY_HEADER = "Idempotency-Key"  # the controller's trainpod.controller.idempotency.HEADER
+KEEPALIVE_S = 15.0
+"""How long an idle pooled connection is kept: well inside the controller's own keep-alive
+(``trainpod.controller.daemon.KEEP_ALIVE_S``), so the client drops it before the server
+closes it under a request. httpx's default (5 s) equals uvicorn's, which left a race."""
+_DROPPED = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+"""A request on a pooled connection the server had closed meanwhile: nothing was answered."""
+_IDEMPOTENT = frozenset({"GET", "HEAD"})
 
 
 def trust_context(ca_file: str | Path | None) -> ssl.SSLContext:
@@ -111,6 +118,7 @@ class TrainpodClient:
             timeout=timeout_s,
             trust_env=False,  # the controller is local or on the cluster network, never proxied
             verify=trust_context(ca_file) if https else True,
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
         )
 
     @classmethod
@@ -147,6 +155,24 @@ class TrainpodClient:
     def __exit__(self, *_: object) -> None:
         self.close()
 
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Send once; a read (GET, HEAD) whose connection dropped before any answer
+        (:data:`_DROPPED`: a pooled keep-alive connection the server closed as it was
+        reused) is sent once more on a fresh one. Nothing else is retried here: a timeout
+        may have been answered late, a refused connect means the controller is down, and a
+        write is retried only where it carries an idempotency key (:meth:`submit`)."""
+        try:
+            return self._http.request(method, path, **kwargs)
+        except _DROPPED as exc:
+            if method not in _IDEMPOTENT:
+                raise self._unreachable(exc) from exc
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+
     def _call(
         self,
         method: str,
@@ -162,17 +188,14 @@ class TrainpodClient:
             **({"Content-Type": "application/json"} if body is not None else {}),
             **(headers or {}),
         }
-        try:
-            resp = self._http.request(
-                method,
-                path,
-                content=None if body is None else body.model_dump_json(),
-                headers=sent or None,
-                params={k: v for k, v in (params or {}).items() if v is not None},
-                timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
-            )
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
+        resp = self._request(
+            method,
+            path,
+            content=None if body is None else body.model_dump_json(),
+            headers=sent or None,
+            params={k: v for k, v in (params or {}).items() if v is not None},
+            timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
+        )
         if resp.status_code >= 400:
             raise _error(resp)
         if resp.status_code == 204:
@@ -190,10 +213,7 @@ class TrainpodClient:
         """The node's devices with their recent samples (``[{index, name, simulated,
         samples: [{t, utilization_pct, memory_used_bytes, ...}]}]``; a ``{devices: [...]}``
         answer is read the same); None where the controller has no such route (a 404)."""
-        try:
-            resp = self._http.get(f"/v1/nodes/{name}/telemetry")
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
+        resp = self._request("GET", f"/v1/nodes/{name}/telemetry")
         if resp.status_code == 404:
             return None
         if resp.status_code >= 400:

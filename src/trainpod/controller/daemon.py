@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 
 STEP_INTERVAL_S = 0.25
 BACKLOG = 4096  # pending connections: every agent of a large cluster (re)connects at once
+KEEP_ALIVE_S = 60
+"""How long an idle client connection is kept open (uvicorn's default: 5 s). Clients drop
+theirs sooner (``trainpod.client.http.KEEPALIVE_S``), so a server-side close never meets a
+reused connection mid-request."""
 OBSERVE_INTERVAL_S = 2.0
 # The cyclic garbage collector's generation thresholds (CPython's default: 700, 10, 10).
 # With ~1,200 heartbeats a second in flight, every 700 allocations found live requests'
@@ -315,6 +319,7 @@ def main(argv: list[str] | None = None) -> None:
             # Nothing reads a client's address; uvicorn's X-Forwarded-For rewriting is a
             # middleware run on every request, heartbeats included.
             proxy_headers=False,
+            timeout_keep_alive=KEEP_ALIVE_S,
             ssl_certfile=None if tls is None else str(tls.cert),
             ssl_keyfile=None if tls is None else str(tls.key),
         )
