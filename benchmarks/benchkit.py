@@ -1,17 +1,58 @@
-"""Helpers the benchmarks share: percentiles, and a throwaway cluster's clean-up even under
-Ctrl-C."""
+"""Helpers the benchmarks share: percentiles, and a throwaway local cluster, deleted even
+under Ctrl-C."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 from trainpod.backends.base import Backend
-from trainpod.paths import ClusterPaths
+from trainpod.backends.local import LocalBackend
+from trainpod.client.http import TrainpodClient
+from trainpod.paths import ClusterPaths, read_secret
+from trainpod.spec.loading import load_cluster_spec
+from trainpod.testing.wait import wait_until
+
+
+@dataclass(frozen=True)
+class LocalCluster:
+    paths: ClusterPaths
+    backend: LocalBackend
+    client: TrainpodClient
+    tmp: Path
+    """A temporary directory of its own (TRAINPOD_HOME is under it), removed afterwards."""
+
+
+@contextmanager
+def local_cluster(name: str, spec_text: str, prefix: str) -> Iterator[LocalCluster]:
+    """A throwaway local cluster of ``spec_text`` under a temporary TRAINPOD_HOME, its nodes
+    idle; deleted afterwards, also on Ctrl-C or SIGTERM."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        os.environ["TRAINPOD_HOME"] = str(Path(tmp) / "home")
+        spec_path = Path(tmp) / f"{name}.yaml"
+        spec_path.write_text(spec_text)
+        paths = ClusterPaths.of(name)
+        backend = LocalBackend(paths)
+        signal.signal(signal.SIGTERM, raise_interrupt)
+        try:
+            record = backend.create(load_cluster_spec(spec_path), spec_path)
+            with TrainpodClient(record.url, read_secret(paths.admin_token)) as client:
+                wait_until(
+                    lambda: all(n.state == "idle" for n in client.nodes()),
+                    timeout_s=300,
+                    what="nodes idle",
+                )
+                yield LocalCluster(paths, backend, client, Path(tmp))
+        finally:
+            with signals_ignored():
+                delete_cluster(backend, paths)
 
 
 def copy_logs(paths: ClusterPaths, dest: Path) -> None:

@@ -15,7 +15,11 @@ refused call that changed state, the controller dead or silent). Exit status 1 w
 
     flock /tmp/bench.lock python benchmarks/reliability.py --part kills --kill-minutes 5
 
-Other parts (a soak) are added as functions of their own and named in ``PARTS``.
+``--part soak``: a local cluster run for ``--soak-minutes`` with a stream of short jobs,
+checkpointing GPT jobs and a fault every ~30 s; resources' growth per hour and what was left
+at rest (``benchmarks/reliability_soak.py``, which also runs on its own):
+
+    flock /tmp/bench.lock python benchmarks/reliability.py --part soak --soak-minutes 60
 """
 
 from __future__ import annotations
@@ -72,9 +76,18 @@ def kills_part(args: argparse.Namespace) -> dict[str, object]:
     return {"minutes": args.kill_minutes, "problems": [] if rc == 0 else ["ledger mismatch"]}
 
 
+def soak_part(args: argparse.Namespace) -> dict[str, object]:
+    """A soak (``benchmarks/reliability_soak.py``)."""
+    from benchmarks import reliability_soak
+
+    rc = reliability_soak.main(["--minutes", str(args.soak_minutes)])
+    return {"minutes": args.soak_minutes, "problems": [] if rc == 0 else ["mismatch or leak"]}
+
+
 PARTS: dict[str, Callable[[argparse.Namespace], dict[str, object]]] = {
     "fuzz": fuzz_part,
     "kills": kills_part,
+    "soak": soak_part,
 }
 
 
@@ -86,6 +99,7 @@ def main() -> None:
         "--examples", type=int, default=20, help="cases per operation and token, each round"
     )
     parser.add_argument("--kill-minutes", type=float, default=2.0)
+    parser.add_argument("--soak-minutes", type=float, default=60.0)
     parser.add_argument("--nodes", type=int, default=8, help="kills: local nodes")
     parser.add_argument("--queued", type=int, default=1000, help="kills: jobs kept queued")
     parser.add_argument("--long", type=int, default=3, help="kills: long-running jobs")

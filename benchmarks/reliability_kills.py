@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,15 +23,13 @@ from trainpod.backends.local import LocalBackend
 from trainpod.backends.procs import read_pid
 from trainpod.cli.jobs import default_env
 from trainpod.client.http import TrainpodClient
-from trainpod.paths import ClusterPaths, read_secret
-from trainpod.spec.loading import load_cluster_spec
+from trainpod.paths import ClusterPaths
 from trainpod.testing.killload import KillLoad, audit
-from trainpod.testing.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.benchkit import delete_cluster, raise_interrupt, signals_ignored  # noqa: E402
+from benchmarks.benchkit import local_cluster  # noqa: E402
 
 SPEC = """\
 name: kills
@@ -61,25 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.long >= args.nodes:
         parser.error(f"--long {args.long} needs fewer than --nodes {args.nodes} long jobs")
-    with tempfile.TemporaryDirectory(prefix="trainpod-kills-") as tmp:
-        os.environ["TRAINPOD_HOME"] = str(Path(tmp) / "home")
-        spec_path = Path(tmp) / "kills.yaml"
-        spec_path.write_text(SPEC.format(nodes=args.nodes))
-        paths = ClusterPaths.of("kills")
-        backend = LocalBackend(paths)
-        signal.signal(signal.SIGTERM, raise_interrupt)
-        try:
-            record = backend.create(load_cluster_spec(spec_path), spec_path)
-            with TrainpodClient(record.url, read_secret(paths.admin_token)) as client:
-                wait_until(
-                    lambda: all(n.state == "idle" for n in client.nodes()),
-                    timeout_s=300,
-                    what="nodes idle",
-                )
-                return _run(args, paths, backend, client, Path(tmp) / "work")
-        finally:
-            with signals_ignored():
-                delete_cluster(backend, paths)
+    with local_cluster("kills", SPEC.format(nodes=args.nodes), "trainpod-kills-") as c:
+        return _run(args, c.paths, c.backend, c.client, c.tmp / "work")
 
 
 def _run(

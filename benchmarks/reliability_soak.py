@@ -1,0 +1,81 @@
+"""A soak (issue 14 item 6): a local cluster run for ``--minutes`` with a stream of short
+jobs, small GPT jobs that checkpoint through trainpod.Checkpointer, and a fault every
+``--fault-every-s`` seconds; prints each resource's growth per hour and what was left at rest
+(``trainpod.testing.soak``). Exits 1 when a job did not end as its ledger says or something
+was left behind.
+
+    flock /tmp/bench.lock python benchmarks/reliability_soak.py --minutes 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from trainpod.cli.jobs import default_env
+from trainpod.testing.soak import MEASURES, SPEC, Sampler, Soak, gpt_argv
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.benchkit import local_cluster  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--workers", type=int, default=3, help="worker nodes (+1 hot spare)")
+    parser.add_argument("--fault-every-s", type=float, default=30.0)
+    parser.add_argument("--sample-every-s", type=float, default=10.0)
+    parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    spec = SPEC.format(name="soak", workers=args.workers)
+    with local_cluster("soak", spec, "trainpod-soak-") as c:
+        workdir = c.tmp / "work"
+        workdir.mkdir()
+        soak = Soak(
+            c.client,
+            Sampler(c.paths, [n.name for n in c.client.nodes()]),
+            workdir,
+            default_env(),
+            train_argv=gpt_argv(sys.executable, REPO / "examples"),
+            fault_every_s=args.fault_every_s,
+            sample_every_s=args.sample_every_s,
+            seed=args.seed,
+        )
+        began = time.monotonic()
+        result = soak.run(args.minutes)
+        wall = time.monotonic() - began
+    print(result.report())
+    print(f"wall {wall / 60:.1f} min; load average (1 min) at the end {os.getloadavg()[0]:.1f}")
+    bad = result.mismatches() + result.leaks_at_rest()
+    for line in result.mismatches():
+        print(f"  MISMATCH {line}", file=sys.stderr)
+    if args.json:
+        at_rest = {n: [m(result.baseline), m(result.final)] for n, m in MEASURES.items()}
+        args.json.write_text(
+            json.dumps(
+                {
+                    "minutes": args.minutes,
+                    "jobs": len(result.ledger.expected),
+                    "faults": len(result.ledger.faults),
+                    "mismatches": result.mismatches(),
+                    "growth_per_hour": result.growth(),
+                    "at_rest_before_after": at_rest,
+                    "leaks_at_rest": result.leaks_at_rest(),
+                    "load_1min_end": round(os.getloadavg()[0], 2),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

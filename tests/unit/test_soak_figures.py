@@ -1,0 +1,73 @@
+"""The soak's arithmetic (trainpod.testing.soak): growth per hour and what counts as left
+behind at rest, on samples made up for the purpose."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainpod.testing.soak import Sample, SoakLedger, SoakResult, Usage, growth_per_hour
+
+
+def _sample(
+    t: float,
+    *,
+    rss: int = 0,
+    fds: int = 20,
+    threads: int = 10,
+    procs: int = 4,
+    shm: frozenset[str] = frozenset(),
+) -> Sample:
+    return Sample(
+        t=t,
+        controller=Usage(rss, fds, threads),
+        agents=Usage(0, 40, 20),
+        processes=procs,
+        db_bytes=0,
+        shm_bytes=0,
+        shm_dirs=shm,
+    )
+
+
+def test_growth_per_hour_is_the_least_squares_slope() -> None:
+    steady = [_sample(t * 60, rss=100 + t) for t in range(10)]  # +1 byte a minute
+    assert growth_per_hour(steady, lambda s: s.controller.rss_bytes) == pytest.approx(60.0)
+    noisy = [_sample(t * 60, rss=100 + (5 if t % 2 else -5)) for t in range(10)]
+    assert abs(growth_per_hour(noisy, lambda s: s.controller.rss_bytes)) < 60
+    assert growth_per_hour(steady[:2], lambda s: s.controller.rss_bytes) == 0.0
+    flat = [_sample(t, rss=7) for t in range(5)]
+    assert growth_per_hour(flat, lambda s: s.controller.rss_bytes) == 0.0
+
+
+def test_growth_skips_the_warm_up() -> None:
+    # A one-off step in the first quarter (an agent importing torch), flat afterwards.
+    samples = [_sample(t * 60, rss=200 if t >= 2 else 0) for t in range(20)]
+    result = SoakResult(20, 4, SoakLedger(), samples, samples[0], samples[-1])
+    assert result.growth()["controller_rss_mib"] == 0.0
+    assert result.growth(warmup=0.0)["controller_rss_mib"] > 0
+
+
+def test_what_is_left_at_rest_is_named_and_other_clusters_tiers_are_not() -> None:
+    before = _sample(0, shm=frozenset({"job-1-other"}))
+    clean = _sample(60, fds=24, threads=12, shm=frozenset({"job-1-other"}))
+    result = SoakResult(1, 4, SoakLedger(), [before, clean], before, clean)
+    assert result.leaks_at_rest() == []
+    dirty = _sample(60, fds=40, threads=30, procs=6, shm=frozenset({"job-1-other", "job-7-ab"}))
+    leaks = SoakResult(1, 4, SoakLedger(), [before, dirty], before, dirty).leaks_at_rest()
+    assert len(leaks) == 4, leaks
+    assert "job-7-ab" in leaks[0] and "job-1-other" not in leaks[0]
+    assert "4 before, 6 after" in leaks[1]
+    assert "20 before, 40 after" in leaks[2] and "10 before, 30 after" in leaks[3]
+
+
+def test_a_job_not_ended_as_expected_is_a_mismatch() -> None:
+    ledger = SoakLedger(
+        expected={1: "completed", 2: "cancelled", 3: "completed"},
+        kind={1: "train", 2: "cancelled", 3: "short"},
+        ended={1: "completed", 2: "failed"},
+        reasons={2: "rank 0 exited 1"},
+    )
+    s = _sample(0)
+    assert SoakResult(1, 4, ledger, [s], s, s).mismatches() == [
+        "job 2 (cancelled): failed, not cancelled: rank 0 exited 1",
+        "job 3 (short): not ended, not completed: ",
+    ]
