@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from trainpod.backends.procs import read_pid
 from trainpod.cli.jobs import default_env
 from trainpod.testing.soak import MEASURES, SPEC, Sampler, Soak, gpt_argv
 
@@ -40,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         workdir.mkdir()
         soak = Soak(
             c.client,
-            Sampler(c.paths, [n.name for n in c.client.nodes()]),
+            Sampler(
+                c.paths,
+                [n.name for n in c.client.nodes()],
+                lambda proc: read_pid(c.paths.pid_file(proc)),
+            ),
             workdir,
             default_env(),
             train_argv=gpt_argv(sys.executable, REPO / "examples"),

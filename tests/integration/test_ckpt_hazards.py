@@ -71,6 +71,9 @@ def test_a_full_memory_tier_sends_the_save_to_scratch_with_an_event(
     assert not list(small_shm.glob("**/step-*")), "no partial step left in the full tier"
     shown = cluster.cli("events", "--job", str(job.id)).stdout
     assert "checkpoint_tier_full" in shown and "to=scratch" in shown, shown
+    shown = cluster.cli("show", str(job.id)).stdout
+    assert "tier full    memory on workers-0: 2 steps (0-1) went to scratch (ENOSPC" in shown, shown
+    assert "checkpoints  newest step by tier: scratch 1, " in shown and "durable 1" in shown, shown
 
 
 KILLED_IN_HANDOFF = """\

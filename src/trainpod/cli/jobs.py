@@ -16,6 +16,7 @@ import typer
 from trainpod.api.devices import JobEnergy
 from trainpod.api.models import AttemptInfo, EventInfo, JobInfo
 from trainpod.backends.local import python_first_path
+from trainpod.cli.ckptsummary import checkpoint_lines
 from trainpod.cli.context import client_for
 from trainpod.cli.render import console, duration, jobs_table, show_value, styled
 from trainpod.client.http import TrainpodClient
@@ -245,11 +246,14 @@ def show(
     with client_for(cluster) as client:
         job = client.job(job_id)
         energy = client.energy(job_id)
+        events = [] if as_json else client.events(job_id=job_id)
     if as_json:
         console.print_json(job.model_dump_json())
         return
     print_job(job)
     console.print(f"  energy     {energy_line(energy)}")
+    for line in checkpoint_lines(events):
+        console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
 
 
 def energy_line(e: JobEnergy) -> str:
