@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pydantic
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainpod.cli.jobs import job_spec, parallelism_of
@@ -30,6 +30,7 @@ def fitting(draw: st.DrawFn) -> tuple[int, int, int, int]:
     return tp, pp, nodes, procs
 
 
+@settings(deadline=None)  # a shared, loaded box: no per-example time limit
 @given(fitting())
 def test_every_rank_has_one_place_and_a_tp_group_stays_on_its_node(
     case: tuple[int, int, int, int],
@@ -48,6 +49,7 @@ def test_every_rank_has_one_place_and_a_tp_group_stays_on_its_node(
         assert {lay.coords(g).dp for g in group} == {c.dp}
 
 
+@settings(deadline=None)  # a shared, loaded box: no per-example time limit
 @given(st.data())
 def test_a_tp_size_that_does_not_divide_a_nodes_procs_is_refused(data: st.DataObject) -> None:
     tp = data.draw(st.integers(2, 8))
