@@ -118,7 +118,10 @@ class TrainpodClient:
             timeout=timeout_s,
             trust_env=False,  # the controller is local or on the cluster network, never proxied
             verify=trust_context(ca_file) if https else True,
-            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
+            # httpx's own bounds (100 connections, 20 kept idle); only the expiry is ours.
+            limits=httpx.Limits(
+                max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_S
+            ),
         )
 
     @classmethod
