@@ -18,7 +18,7 @@ from pathlib import Path
 
 from trainpod.backends.procs import read_pid
 from trainpod.cli.jobs import default_env
-from trainpod.testing.soak import MEASURES, SPEC, Sampler, Soak, gpt_argv
+from trainpod.testing.soak import MEASURES, SPEC, Sample, Sampler, Soak, gpt_argv
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -33,9 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-every-s", type=float, default=30.0)
     parser.add_argument("--sample-every-s", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument(
+        "--view-cache-mib",
+        type=int,
+        default=64,
+        help="the controller's read caches' bound (controller.view_cache_mib)",
+    )
+    parser.add_argument("--list-every-s", type=float, default=30.0)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
-    spec = SPEC.format(name="soak", workers=args.workers)
+    spec = SPEC.format(name="soak", workers=args.workers, view_cache_mib=args.view_cache_mib)
     with local_cluster("soak", spec, "trainpod-soak-") as c:
         workdir = c.tmp / "work"
         workdir.mkdir()
@@ -51,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             train_argv=gpt_argv(sys.executable, REPO / "examples"),
             fault_every_s=args.fault_every_s,
             sample_every_s=args.sample_every_s,
+            list_every_s=args.list_every_s,
             seed=args.seed,
         )
         began = time.monotonic()
@@ -67,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps(
                 {
                     "minutes": args.minutes,
+                    "view_cache_mib": args.view_cache_mib,
                     "jobs": len(result.ledger.expected),
                     "faults": len(result.ledger.faults),
                     "mismatches": result.mismatches(),
@@ -74,12 +83,25 @@ def main(argv: list[str] | None = None) -> int:
                     "at_rest_before_after": at_rest,
                     "leaks_at_rest": result.leaks_at_rest(),
                     "load_1min_end": round(os.getloadavg()[0], 2),
+                    "by_minute": by_minute(result.samples),
                 },
                 indent=2,
             )
             + "\n"
         )
     return 1 if bad else 0
+
+
+def by_minute(samples: list[Sample], every_min: float = 5.0) -> list[dict[str, float]]:
+    """Every measure at about every ``every_min`` minutes of the run: where a growth levels off."""
+    out: list[dict[str, float]] = []
+    for s in samples:
+        minute = (s.t - samples[0].t) / 60
+        if not out or minute - out[-1]["minute"] >= every_min:
+            out.append(
+                {"minute": round(minute, 1)} | {n: round(m(s), 1) for n, m in MEASURES.items()}
+            )
+    return out
 
 
 if __name__ == "__main__":

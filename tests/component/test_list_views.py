@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from trainpod.controller.views import SPEC_BYTES_BASE, SPEC_BYTES_PER_CHAR
 from trainpod.testing import FakeGroup
 
 from .conftest import MakeCluster
@@ -67,3 +68,27 @@ def test_a_spec_is_decoded_once_however_many_views(make_cluster: MakeCluster) ->
     c.controller.jobs_json()
     assert specs.decoded == decoded  # every later view shares them
     assert [j.spec.team for j in first] == ["t0", "t1", "t2"] == [j.spec.team for j in again[3:]]
+
+
+def test_the_view_caches_stay_within_their_bytes_and_views_stay_right(
+    make_cluster: MakeCluster,
+) -> None:
+    """With room for a few jobs in each cache, twelve ended jobs: the caches keep the newest
+    that fit, never more than their bound, and every view is still the models."""
+    bound = 5_000  # a job's JSON here is ~1 KB (four fit), its decoded spec ~4 KB (one)
+    assert bound > SPEC_BYTES_BASE + SPEC_BYTES_PER_CHAR * 600  # one 0.6 KB spec fits
+    c = make_cluster(groups=(FakeGroup("workers", 2, devices=1),), view_cache_bytes=bound)
+    c.up()
+    jobs = [c.submit(nodes=1, procs=1, team=f"t{i}") for i in range(12)]
+    for job in jobs:
+        c.controller.cancel(job)
+    c.clock.advance(120)  # all frozen
+    views = c.controller.views
+    sent = json.loads(c.controller.jobs_json())
+    assert sent == [j.model_dump(mode="json") for j in c.controller.job_infos()]
+    assert [j["spec"]["team"] for j in sent] == [f"t{i}" for i in range(12)]
+    for cache in (views.specs.cache, views.frozen):
+        assert 0 < len(cache) < 12 and cache.bytes <= bound and cache.evicted > 0
+        assert jobs[-1] in cache and jobs[0] not in cache  # the newest are kept
+    assert json.loads(c.controller.jobs_json()) == sent  # rebuilt where evicted, the same
+    assert views.frozen.bytes <= bound and views.specs.cache.bytes <= bound

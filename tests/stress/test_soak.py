@@ -28,7 +28,9 @@ REPO = Path(__file__).resolve().parents[2]
 def test_a_soak_ends_every_job_as_its_ledger_says_and_leaves_nothing_behind(
     make_cluster_from_spec: Callable[[str], Cluster],
 ) -> None:
-    cluster = make_cluster_from_spec(SPEC.replace("{workers}", "3"))
+    cluster = make_cluster_from_spec(
+        SPEC.replace("{workers}", "3").replace("{view_cache_mib}", "1")
+    )
     nodes = [n.name for n in cluster.client.nodes()]
     soak = Soak(
         cluster.client,
@@ -38,6 +40,7 @@ def test_a_soak_ends_every_job_as_its_ledger_says_and_leaves_nothing_behind(
         train_argv=gpt_argv(sys.executable, REPO / "examples"),
         fault_every_s=20,
         sample_every_s=5,
+        list_every_s=15,
         seed=14,
     )
     result = soak.run(minutes=2)
@@ -49,3 +52,4 @@ def test_a_soak_ends_every_job_as_its_ledger_says_and_leaves_nothing_behind(
     assert {f for _, _, f, _ in result.ledger.faults} == {"kill-worker", "xid79"}
     assert result.leaks_at_rest() == []
     assert len(result.samples) > 10
+    assert soak.listed > 0  # the whole list was read, through caches of 1 MiB

@@ -65,6 +65,8 @@ class ControllerConfig:
     """The name the cluster's admin token acts as (the cluster's creator)."""
     carbon: Intensity = field(default_factory=world_average)
     """The grid's carbon intensity (the spec's ``carbon:``; default: the world average)."""
+    view_cache_bytes: int = 64 << 20
+    """What each of the views' caches may hold (the spec's ``controller.view_cache_mib``)."""
 
     def priority_class(self, name: str) -> PriorityClassSpec | None:
         return next((c for c in self.priority_classes if c.name == name), None)

@@ -108,7 +108,9 @@ class Controller:
         )
         self.watchdog = Watchdog(store, cfg, tx, sched, executor, beacons)
         self.orders = orders = OrderDesk(store, cfg, tx, sched, chaos, intake.running, clock)
-        self.views = Views(store, tx, lock, beacons, ckpts, lambda: executor.holds, clock.now)
+        self.views = Views(
+            store, tx, lock, beacons, ckpts, lambda: executor.holds, clock.now, cfg.view_cache_bytes
+        )
         self.admission = Admission(cfg, tx, sched)
         self.access = Access(store, clock, lock)
         self.planner = planner = Planner(store, cfg, tx, sched, executor)

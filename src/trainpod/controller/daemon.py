@@ -90,6 +90,7 @@ def config_from_record(record: ClusterRecord, paths: ClusterPaths) -> Controller
         fair_share_half_life_s=spec.fair_share.half_life_s,
         operator=_owner_of(paths.admin_token),
         carbon=spec.carbon_intensity(),
+        view_cache_bytes=spec.controller.view_cache_mib << 20,
     )
 
 

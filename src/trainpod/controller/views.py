@@ -15,6 +15,7 @@ a view taken for anyone else (``viewer``) has every value replaced by
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from trainpod.api.models import AttemptInfo, EventInfo, JobInfo, NodeInfo, RankI
 from trainpod.controller import progress
 from trainpod.controller.access import HIDDEN, Principal, sees_env
 from trainpod.controller.books import BeaconBook
+from trainpod.controller.bounded import ByteBoundedCache
 from trainpod.controller.checkpoints import CheckpointEvents
 from trainpod.controller.transitions import Transitions
 from trainpod.model.states import JobState
@@ -38,7 +40,14 @@ from trainpod.store.scan import jobs_changed
 
 FROZEN_AFTER_S = 60.0
 """An ended job's row no longer changes (late reports from its agents arrive within seconds)."""
-FROZEN_MAX = 100_000  # ended jobs whose JSON is kept (about 1 KB each)
+CACHE_BYTES = 64 << 20
+"""What each of the views' two caches (decoded specs, ended jobs' JSON) may hold by default
+(the cluster spec's ``controller.view_cache_mib``)."""
+SPEC_BYTES_BASE = 2048
+SPEC_BYTES_PER_CHAR = 4
+"""A decoded :class:`JobSpec` weighs about 2 KiB plus 4 bytes per character of its JSON
+(tracemalloc: 3.7 KiB for a 0.5 KB spec, 15.7 KiB for a 3.9 KB one)."""
+JSON_BYTES_BASE = 256  # a cached job's JSON: the bytes objects' own overhead and the entry
 _JOB = TypeAdapter(JobInfo)
 _ENDED = [s for s in JobState if s.ended]
 
@@ -53,7 +62,9 @@ class Views:
         checkpoints: CheckpointEvents,
         holds: Callable[[], dict[int, Hold]],
         now: Callable[[], float],
+        cache_bytes: int = CACHE_BYTES,
     ) -> None:
+        """``cache_bytes``: what the decoded specs and, apart, the ended jobs' JSON may take."""
         self.store = store
         self.tx = tx
         self._lock = lock
@@ -61,9 +72,9 @@ class Views:
         self.checkpoints = checkpoints
         self._holds = holds
         self._now = now
-        self._frozen: dict[int, _Json] = {}
+        self.frozen: ByteBoundedCache[int, _Json] = ByteBoundedCache(cache_bytes)
         """Ended jobs' JSON by id, with the ``updated_at`` it was made from."""
-        self.specs = Specs()
+        self.specs = Specs(cache_bytes)
 
     def nodes(self) -> list[NodeInfo]:
         with self._lock:
@@ -91,21 +102,22 @@ class Views:
         with self._lock:
             now = self._now()
             heads = self.store.job_heads(states, limit=limit)
-            stale = [
-                job_id
-                for job_id, state, updated_at, _ in heads
-                if (old := self._frozen.get(job_id)) is None or old.updated_at != updated_at
-            ]
+            cached: dict[int, _Json] = {}  # taken now: another view may evict meanwhile
+            stale = []
+            for job_id, _, updated_at, _ in heads:
+                old = self.frozen.get(job_id)
+                if old is None or old.updated_at != updated_at:
+                    stale.append(job_id)
+                else:
+                    cached[job_id] = old
             rows = self._read(self.store.jobs_by_id(stale))
         fresh = {info.id: _Json.of(info, updated_at=0.0) for info in self._build(rows)}
         for job_id, state, updated_at, ended_at in heads:
             old_enough = ended_at is None or now - ended_at > FROZEN_AFTER_S
             if job_id in fresh and state.ended and old_enough:
-                self._frozen[job_id] = replace(fresh[job_id], updated_at=updated_at)
-        parts = [(fresh.get(j) or self._frozen[j]).for_viewer(viewer) for j, *_ in heads]
-        if len(self._frozen) > FROZEN_MAX:  # keep the newest: dashboards list recent jobs
-            for job_id in sorted(self._frozen)[: len(self._frozen) - FROZEN_MAX]:
-                del self._frozen[job_id]
+                done = replace(fresh[job_id], updated_at=updated_at)
+                self.frozen.put(job_id, done, done.size)
+        parts = [(fresh.get(j) or cached[j]).for_viewer(viewer) for j, *_ in heads]
         return b"[" + b",".join(parts) + b"]"
 
     def of_jobs(self, job_ids: list[int]) -> list[JobInfo]:
@@ -201,6 +213,11 @@ class _Json:
     def for_viewer(self, viewer: Principal | None) -> bytes:
         return self.full if sees_env(viewer, self.owner) else self.hidden
 
+    @property
+    def size(self) -> int:
+        both = len(self.full) + (len(self.hidden) if self.hidden is not self.full else 0)
+        return JSON_BYTES_BASE + both
+
 
 @dataclass(frozen=True)
 class _Rows:
@@ -213,26 +230,24 @@ class _Rows:
 
 class Specs:
     """Each job's decoded :class:`JobSpec`, by id: decoded once (a spec never changes after
-    submission), the newest ``limit`` kept (views list recent jobs). Safe to share between
-    threads (views build models outside the controller's lock)."""
+    submission), the newest kept up to ``max_bytes`` of their estimated weight (views list
+    recent jobs). Safe to share between threads (views build models outside the
+    controller's lock)."""
 
-    def __init__(self, limit: int = FROZEN_MAX) -> None:
-        self.limit = limit
-        self._specs: dict[int, JobSpec] = {}
+    def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
+        self.cache: ByteBoundedCache[int, JobSpec] = ByteBoundedCache(max_bytes)
         self._lock = threading.Lock()
         self.decoded = 0
         """Specs decoded so far (a view that hit the cache decodes none)."""
 
     def of(self, job: JobRow) -> JobSpec:
-        spec = self._specs.get(job.id)
+        spec = self.cache.get(job.id)
         if spec is None:
             spec = JobSpec.model_validate(job.spec)
+            size = SPEC_BYTES_BASE + SPEC_BYTES_PER_CHAR * len(json.dumps(job.spec))
+            self.cache.put(job.id, spec, size)
             with self._lock:
-                self._specs[job.id] = spec
                 self.decoded += 1
-                if len(self._specs) > self.limit:
-                    for old in sorted(self._specs)[: len(self._specs) - self.limit]:
-                        del self._specs[old]
         return spec
 
 

@@ -152,3 +152,7 @@ class ControllerSpec(BaseModel):
     tls: TlsSpec | None = None
     """Serve HTTPS with this certificate and key; None: plain HTTP (loopback only, unless
     ``--insecure``)."""
+    view_cache_mib: Annotated[StrictInt, Field(ge=1)] = 64
+    """How much memory (MiB) each of the controller's two read caches may take: the decoded
+    specs of recent jobs, and the JSON of jobs that have ended. Past it the oldest entries
+    go (and are rebuilt from the database when asked for again)."""

@@ -437,6 +437,7 @@ def make_config(
     auto_repair: bool = True,
     retire_after: int = 3,
     deep_check_timeout_s: float = 180.0,
+    view_cache_bytes: int = 64 << 20,
 ) -> ControllerConfig:
     """A :class:`ControllerConfig` with its directories under ``root`` (created lazily).
 
@@ -471,4 +472,5 @@ def make_config(
         auto_repair=auto_repair,
         retire_after=retire_after,
         deep_check_timeout_s=deep_check_timeout_s,
+        view_cache_bytes=view_cache_bytes,
     )

@@ -54,8 +54,12 @@ instance_groups:
 health:
   heartbeat_interval_s: 0.5
   heartbeat_timeout_s: 10
+controller:
+  view_cache_mib: {view_cache_mib}
 """
-"""The soak's cluster: ``workers`` nodes of one (simulated) GPU and a hot spare."""
+"""The soak's cluster: ``workers`` nodes of one (simulated) GPU and a hot spare;
+``view_cache_mib``: the controller's read caches' bound (64 by default; a small one shows
+the controller's memory level off within the run)."""
 
 
 def gpt_argv(python: str, examples: Path) -> list[str]:
@@ -285,8 +289,11 @@ class Soak:
         short_in_flight: int = 2,
         cancel_every: int = 6,
         sample_every_s: float = 5.0,
+        list_every_s: float = 30.0,
         seed: int = 0,
     ) -> None:
+        """``list_every_s``: how often the whole job list is read, as a dashboard or
+        ``trainpod jobs --all`` would (every job the soak has run, ended ones too)."""
         self.client = client
         self.sampler = sampler
         self.workdir = workdir
@@ -298,12 +305,15 @@ class Soak:
         self.short_in_flight = short_in_flight
         self.cancel_every = cancel_every
         self.sample_every_s = sample_every_s
+        self.list_every_s = list_every_s
         self.rng = random.Random(seed)
         self.ledger = SoakLedger()
         self._live: dict[int, JobInfo] = {}
         self._faulted: set[int] = set()
         self._to_cancel: set[int] = set()
         self._shorts = 0
+        self.listed = 0
+        """How many jobs the last full listing had."""
 
     def _submit(self, command: list[str], kind: str, expect: str, **spec: object) -> int:
         job = self.client.submit(
@@ -328,12 +338,16 @@ class Soak:
         deadline = start + minutes * 60
         next_fault = start + self.fault_every_s
         next_sample = start + self.sample_every_s
+        next_list = start + self.list_every_s
         while time.monotonic() < deadline:
             try:
                 self._feed()
                 self._look()
                 if time.monotonic() >= next_fault and self._inject():
                     next_fault = time.monotonic() + self.fault_every_s
+                if time.monotonic() >= next_list:
+                    self.listed = len(self.client.jobs(include_ended=True))
+                    next_list = time.monotonic() + self.list_every_s
             except Retryable:
                 pass  # the controller busy for a moment: next round
             if time.monotonic() >= next_sample:
