@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainpod.controller.bounded import ByteBoundedCache
+from trainpod.bounded import ByteBoundedCache
 
 
 def test_the_oldest_go_first_once_the_bytes_are_over() -> None:

@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
         "trainpod.notice",
         "trainpod.api.devices",
         "trainpod.resume",
+        "trainpod.bounded",
     },
     {"trainpod.paths"},
     {"trainpod.spec"},

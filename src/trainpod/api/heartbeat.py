@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainpod.api.models import Heartbeat, Orders
+from trainpod.bounded import ByteBoundedCache
 from trainpod.controller.access import AGENT
 from trainpod.controller.core import Controller
 from trainpod.errors import (
@@ -242,27 +243,34 @@ def _settle(replies: list[_Reply]) -> None:
             done.set_result(result)
 
 
+REPLY_CACHE_BYTES = 16 << 20
+_ENTRY_BYTES = 128  # a kept body's own overhead: the bytes object, its key and dict slot
+
+
 class ReplyCache:
     """Orders as the reply's bytes, encoded once per distinct orders: a thousand idle nodes
     get the same "nothing to do" every second. Only ``controller_time`` differs from one
     reply to the next; it is not part of the orders' hash, so orders of one hash encode
     alike but for it, and it is written after them.
 
-    Used on the event loop only (no lock)."""
+    Used on the event loop only.
 
-    def __init__(self, size: int = 4096) -> None:
-        self._size = size
-        self._bodies: dict[str, bytes] = {}  # orders' hash -> their JSON without the time
+    ``max_bytes``: what the kept bodies may take together (the oldest go first)."""
+
+    def __init__(self, max_bytes: int = REPLY_CACHE_BYTES) -> None:
+        self._bodies: ByteBoundedCache[str, bytes] = ByteBoundedCache(max_bytes)
+        """Orders' hash -> their JSON without the time."""
 
     def encode(self, orders: Orders, now: float) -> bytes:
         body = self._bodies.get(orders.hash) if orders.hash else None
         if body is None:
             body = orders.model_dump_json(exclude=_STAMP).encode()
             if orders.hash:
-                if len(self._bodies) >= self._size:
-                    self._bodies.clear()
-                self._bodies[orders.hash] = body
+                self._bodies.put(orders.hash, body, len(body) + _ENTRY_BYTES)
         return b"%s,%s}" % (body[:-1], _TIME_KEY + json.dumps(now).encode())
+
+    def __len__(self) -> int:
+        return len(self._bodies)
 
 
 _STAMP = {"controller_time"}

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainpod.api.devices import DeviceSample
+from trainpod.bounded import ByteBoundedCache
 from trainpod.model.states import AttemptState, JobState, NodeState, RankState
 from trainpod.spec.job import JobSpec
 
@@ -297,15 +298,18 @@ class Orders(_Model):
         body = json.dumps(self.model_dump(exclude=_UNHASHED), sort_keys=True)
         digest = hashlib.sha256(body.encode()).hexdigest()[:16]
         sealed = self.model_copy(update={"hash": digest})
-        if len(_SEALED) >= _MAX_SEALED:
-            _SEALED.clear()
-        _SEALED[key] = sealed
+        _SEALED.put(key, sealed, SEALED_BYTES_PER_CHAR * len(key))
         return sealed
 
 
 _UNHASHED = {"hash", "controller_time"}
-_MAX_SEALED = 4096
-_SEALED: dict[str, Orders] = {}  # Orders JSON (unhashed fields excluded) -> them, sealed
+SEALED_BYTES = 32 << 20
+SEALED_BYTES_PER_CHAR = 4
+"""A kept entry weighs about four times its key: the key itself (the orders' JSON) and the
+orders as models, which take about three times their JSON (as job specs do: see
+``trainpod.controller.views``)."""
+_SEALED: ByteBoundedCache[str, Orders] = ByteBoundedCache(SEALED_BYTES)
+"""Orders' JSON (unhashed fields excluded) -> them, sealed."""
 
 
 # -- public API ---------------------------------------------------------------------------

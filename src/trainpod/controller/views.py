@@ -25,10 +25,10 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from trainpod.api.models import AttemptInfo, EventInfo, JobInfo, NodeInfo, RankInfo
+from trainpod.bounded import ByteBoundedCache
 from trainpod.controller import progress
 from trainpod.controller.access import HIDDEN, Principal, sees_env
 from trainpod.controller.books import BeaconBook
-from trainpod.controller.bounded import ByteBoundedCache
 from trainpod.controller.checkpoints import CheckpointEvents
 from trainpod.controller.transitions import Transitions
 from trainpod.model.states import JobState

@@ -1,10 +1,11 @@
 """A cache bounded by the bytes its values take, not by how many there are.
 
-The controller's read caches (decoded job specs, ended jobs' JSON) hold one entry per job.
-A bound by count alone holds what the entries weigh: a hundred thousand specs of ~0.5 KB
-each are ~370 MB decoded, and one spec with a large ``env`` weighs what a hundred small
-ones do. Here every value comes with its (estimated) size, and the oldest entries go once
-the sum passes ``max_bytes``: the newest are kept, which are the ones the views list.
+The controller keeps caches of one entry per job (the views' decoded specs and ended jobs'
+JSON) or per distinct orders (sealed orders, their encoded replies). A bound by count alone
+holds whatever the entries weigh: a hundred thousand specs of ~0.5 KB each are ~370 MB
+decoded, and one job with a large ``env`` makes orders that weigh what a hundred others do.
+Here every value comes with its (estimated) size, and the oldest entries go once the sum
+passes ``max_bytes``: the newest are kept, which are the ones asked for again.
 """
 
 from __future__ import annotations
