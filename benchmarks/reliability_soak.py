@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         result = soak.run(args.minutes)
         wall = time.monotonic() - began
     print(result.report())
+    print(f"faults refused (the ranks had ended since the look; tried again): {soak.missed}")
     print(f"wall {wall / 60:.1f} min; load average (1 min) at the end {os.getloadavg()[0]:.1f}")
     bad = result.mismatches() + result.leaks_at_rest()
     for line in result.mismatches():
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                     "view_cache_mib": args.view_cache_mib,
                     "jobs": len(result.ledger.expected),
                     "faults": len(result.ledger.faults),
+                    "faults_refused": soak.missed,
                     "mismatches": result.mismatches(),
                     "growth_per_hour": result.growth(),
                     "at_rest_before_after": at_rest,

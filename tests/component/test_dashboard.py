@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from markupsafe import escape
 
 from trainpod.controller.access import Principal
+from trainpod.controller.launch import rank_log_path
 from trainpod.dashboard.auth import COOKIE
 from trainpod.dashboard.routes import HISTORY_PAGE, WAITING_SHOWN
 from trainpod.model.states import JobState
@@ -240,3 +241,36 @@ def test_a_long_queue_lists_its_first_jobs_and_counts_the_rest(dash: Dash) -> No
     html = dash.page("/ui/queue")
     assert len(rows(html, "waiting")) == WAITING_SHOWN
     assert "… and 7 more waiting behind these" in html
+
+
+# -- hostile numbers ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("/ui/jobs/99999999999999999999", "job_id"),  # past SQLite's INTEGER: was a 500
+        ("/ui/queue?before=99999999999999999999", "before"),  # was a 500 too
+        ("/ui/fragments/queue?before=-1", "before"),
+        ("/ui/jobs/-1", "job_id"),
+        ("/ui/jobs/{job}?rank=-3", "rank"),
+        ("/ui/fragments/jobs/{job}/log?offset=-5", "offset"),  # a seek before the start: 500
+        ("/ui/fragments/jobs/{job}/log?offset=99999999999999999999", "offset"),
+        ("/ui/fragments/jobs/{job}/log?attempt=-1", "attempt"),
+    ],
+)
+def test_numbers_out_of_range_are_refused_naming_the_parameter(
+    dash: Dash, path: str, name: str
+) -> None:
+    """Found when the API's fuzz was let into the dashboard: its ids, offsets and ranks had
+    no bounds, and some reached SQLite or a file's seek. Now they are refused (422) before a
+    route runs, with the parameter named."""
+    job = submit(dash, "alice")
+    attempt = dash.cluster.start(job)
+    log = rank_log_path(dash.cluster.cfg, job, 1, 0)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("step 1\n")  # a real log, so an offset would reach the file
+    assert attempt
+    dash.login("admin")
+    r = dash.http.get(path.format(job=job))
+    assert r.status_code == 422, (path, r.status_code, r.text[:300])
+    assert [e["loc"][-1] for e in r.json()["detail"]] == [name]
+    assert "step 1" in dash.page(f"/ui/fragments/jobs/{job}/log")  # in range, it reads

@@ -3,9 +3,23 @@ behind at rest, on samples made up for the purpose."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any, cast
+
 import pytest
 
-from trainpod.testing.soak import Sample, SoakLedger, SoakResult, Usage, growth_per_hour
+from trainpod.api.models import AttemptInfo, ChaosRequest, JobInfo
+from trainpod.client.http import TrainpodClient
+from trainpod.errors import Conflict
+from trainpod.testing.soak import (
+    Sample,
+    Sampler,
+    Soak,
+    SoakLedger,
+    SoakResult,
+    Usage,
+    growth_per_hour,
+)
 
 
 def _sample(
@@ -71,3 +85,40 @@ def test_a_job_not_ended_as_expected_is_a_mismatch() -> None:
         "job 2 (cancelled): failed, not cancelled: rank 0 exited 1",
         "job 3 (short): not ended, not completed: ",
     ]
+
+
+class _Chaos:
+    """A client whose chaos calls are refused (409) ``refusals`` times, then accepted."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.sent: list[ChaosRequest] = []
+
+    def chaos(self, req: ChaosRequest) -> None:
+        if self.refusals:
+            self.refusals -= 1
+            raise Conflict("kill-worker needs a running rank on n1; none is")
+        self.sent.append(req)
+
+
+def test_a_fault_the_controller_refuses_is_tried_again_not_a_crash(tmp_path: Path) -> None:
+    """A 60-minute soak stopped early on this: the GPT job's ranks had ended between
+    the soak's look and its fault (409). The fault is not counted and comes next round."""
+    client = _Chaos(refusals=1)
+    soak = Soak(
+        cast(TrainpodClient, client),
+        cast(Sampler, None),
+        tmp_path,
+        {},
+        train_argv=["python", "train.py"],
+        faults=("kill-worker",),
+    )
+    partial: Any = (AttemptInfo.model_construct, JobInfo.model_construct)  # only what it reads
+    attempt = partial[0](state="running", nodes=["n1"])
+    soak._live[1] = partial[1](id=1, state="running", attempts=[attempt])
+    soak.ledger.kind[1] = "train"
+    assert soak._inject() is False
+    assert (soak.missed, soak.ledger.faults, client.sent) == (1, [], [])
+    assert soak._inject() is True
+    assert [f for _, _, f, job in soak.ledger.faults] == ["kill-worker"] and client.sent
+    assert soak._inject() is False  # once per training job

@@ -11,7 +11,6 @@ from typing import Annotated, Any
 
 import anyio.to_thread
 from fastapi import Depends, FastAPI, Query, Request, Response
-from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -50,6 +49,7 @@ from trainpod.api.models import (
     UserInfo,
     Whoami,
 )
+from trainpod.api.params import ROW_MAX, Count, JobId, MaybeJob, Offset, Rank, StepNo
 from trainpod.api.throttle import AuthThrottle
 from trainpod.controller.access import AGENT, Action, Principal, operator
 from trainpod.controller.core import Controller
@@ -64,13 +64,6 @@ from trainpod.telemetry.exposition import CONTENT_TYPE, render
 from trainpod.telemetry.goodput import compute_goodput
 
 METRICS_PATH = "/metrics"
-ROW_MAX = 2**63 - 1
-"""SQLite's largest INTEGER: an id, offset or count beyond it names nothing (and made the
-store raise OverflowError, a 500, until the API bounded them: found by the API fuzz)."""
-JobId = Annotated[int, PathParam(ge=0, le=ROW_MAX, description="a job's id")]
-StepNo = Annotated[int, PathParam(ge=0, le=ROW_MAX, description="a step's number")]
-MaybeJob = Annotated[int | None, Query(ge=0, le=ROW_MAX, description="a job's id")]
-Count = Annotated[int | None, Query(ge=0, le=ROW_MAX, description="at most this many")]
 SCRAPER = Principal("prometheus", "user")
 """The holder of the read-only scrape token (``scrape.token``): ``/metrics`` only."""
 
@@ -150,7 +143,12 @@ def create_app(
     registry.register(controller.metrics)
     registry.register(throttle)
 
-    @app.get(METRICS_PATH, include_in_schema=False)
+    @app.get(
+        METRICS_PATH,
+        tags=["metrics"],
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE.split(";")[0]: {}}}},
+    )
     def metrics() -> Response:
         """Prometheus' text format, read from the controller's state at this scrape."""
         return Response(content=render(registry.collect()), media_type=CONTENT_TYPE)
@@ -282,9 +280,9 @@ def create_app(
     def logs(
         job_id: JobId,
         who: Caller,
-        rank: Annotated[int, Query(ge=0, le=ROW_MAX)] = 0,
+        rank: Rank = 0,
         attempt: Annotated[int | None, Query(ge=1, le=ROW_MAX)] = None,
-        offset: Annotated[int, Query(ge=0, le=ROW_MAX, description="bytes into the log")] = 0,
+        offset: Offset = 0,
     ) -> LogChunk:
         controller.authorize(who, Action.READ_LOGS, job_id)
         info = controller.job_info(job_id)

@@ -18,6 +18,7 @@ it reads: no job spec is decoded here (the labels come from the raw spec, once p
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -251,10 +252,10 @@ class ClusterMetrics(Collector):
     ) -> None:
         for job_id, submitted_at, team, priority_class, partition, user in rows:
             self._meta[job_id] = JobMeta(
-                team=team or "none",
-                priority_class=priority_class or "none",
-                partition=partition or self.cfg.default_partition,
-                user=user or "",
+                team=sys.intern(team or "none"),
+                priority_class=sys.intern(priority_class or "none"),
+                partition=sys.intern(partition or self.cfg.default_partition),
+                user=sys.intern(user or ""),
                 submitted_at=submitted_at,
             )
 

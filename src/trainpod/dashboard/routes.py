@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from trainpod.api.models import JobInfo
+from trainpod.api.params import ROW_MAX, JobId, MaybeJob, Offset, Rank
 from trainpod.controller.access import Action, Principal
 from trainpod.controller.core import Controller
 from trainpod.controller.launch import rank_log_path, read_log_chunk
@@ -53,6 +54,18 @@ def mount(app: FastAPI, controller: Controller, *, resolve: Resolve) -> None:
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")
 
 
+LOGIN_FORM: dict[str, Any] = {
+    "requestBody": {
+        "content": {
+            "application/x-www-form-urlencoded": {
+                "schema": {"type": "object", "properties": {"token": {"type": "string"}}}
+            }
+        }
+    }
+}
+"""The login form as the schema tells it (the route reads the body itself)."""
+
+
 def dashboard_router(controller: Controller, *, resolve: Resolve) -> APIRouter:
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.globals.update(
@@ -64,7 +77,8 @@ def dashboard_router(controller: Controller, *, resolve: Resolve) -> APIRouter:
         colours=panels.BUCKET_COLOURS,
     )
     reports = _GoodputCache()
-    router = APIRouter(prefix="/ui", include_in_schema=False)
+    # In the OpenAPI schema (tag "dashboard") so that the API's fuzz reaches these too.
+    router = APIRouter(prefix="/ui", tags=["dashboard"])
 
     def render(request: Request, name: str, who: Principal | None, **ctx: Any) -> HTMLResponse:
         now = controller.clock.now()
@@ -80,7 +94,7 @@ def dashboard_router(controller: Controller, *, resolve: Resolve) -> APIRouter:
     def login_page(request: Request) -> HTMLResponse:
         return render(request, "login.html", None, error="")
 
-    @router.post("/login", response_class=HTMLResponse)
+    @router.post("/login", response_class=HTMLResponse, openapi_extra=LOGIN_FORM)
     async def login(request: Request) -> Response:
         form = parse_qs((await request.body()).decode("utf-8", errors="replace"))
         token = (form.get("token") or [""])[0].strip()
@@ -131,11 +145,11 @@ def dashboard_router(controller: Controller, *, resolve: Resolve) -> APIRouter:
         }
 
     @router.get("/queue", response_class=HTMLResponse)
-    def queue(request: Request, who: Who, before: int | None = None) -> HTMLResponse:
+    def queue(request: Request, who: Who, before: MaybeJob = None) -> HTMLResponse:
         return render(request, "queue.html", who, page="queue", **queue_ctx(before))
 
     @router.get("/fragments/queue", response_class=HTMLResponse)
-    def queue_fragment(request: Request, who: Who, before: int | None = None) -> HTMLResponse:
+    def queue_fragment(request: Request, who: Who, before: MaybeJob = None) -> HTMLResponse:
         return render(request, "_queue.html", who, **queue_ctx(before))
 
     # -- a job ----------------------------------------------------------------------------
@@ -160,7 +174,7 @@ def dashboard_router(controller: Controller, *, resolve: Resolve) -> APIRouter:
         }
 
     @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-    def job_page(request: Request, who: Who, job_id: int, rank: int = 0) -> HTMLResponse:
+    def job_page(request: Request, who: Who, job_id: JobId, rank: Rank = 0) -> HTMLResponse:
         ctx = job_ctx(job_id)
         refused = _may_read_logs(controller, who, job_id)
         ranks = _ranks(ctx["job"])
@@ -169,17 +183,17 @@ def dashboard_router(controller: Controller, *, resolve: Resolve) -> APIRouter:
         )
 
     @router.get("/fragments/jobs/{job_id}", response_class=HTMLResponse)
-    def job_fragment(request: Request, who: Who, job_id: int) -> HTMLResponse:
+    def job_fragment(request: Request, who: Who, job_id: JobId) -> HTMLResponse:
         return render(request, "_job.html", who, **job_ctx(job_id))
 
     @router.get("/fragments/jobs/{job_id}/log", response_class=HTMLResponse)
     def log_fragment(
         request: Request,
         who: Who,
-        job_id: int,
-        rank: int = 0,
-        attempt: int = 0,
-        offset: int = 0,
+        job_id: JobId,
+        rank: Rank = 0,
+        attempt: Annotated[int, Query(ge=0, le=ROW_MAX, description="0: the latest")] = 0,
+        offset: Offset = 0,
     ) -> HTMLResponse:
         refused = _may_read_logs(controller, who, job_id)
         if refused:

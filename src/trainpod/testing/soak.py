@@ -314,6 +314,8 @@ class Soak:
         self._shorts = 0
         self.listed = 0
         """How many jobs the last full listing had."""
+        self.missed = 0
+        """Faults the controller refused: the node's ranks had ended since the look (409)."""
 
     def _submit(self, command: list[str], kind: str, expect: str, **spec: object) -> int:
         job = self.client.submit(
@@ -398,7 +400,11 @@ class Soak:
                 continue
             node = self.rng.choice(attempt.nodes)
             fault = next(self.faults)
-            self.client.chaos(ChaosRequest(node=node, fault=fault))
+            try:
+                self.client.chaos(ChaosRequest(node=node, fault=fault))
+            except Conflict:  # its ranks ended or restarted since the look: the next round
+                self.missed += 1
+                return False
             self._faulted.add(job.id)
             self.ledger.faults.append((time.time(), node, fault, job.id))
             return True
