@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import Callable
@@ -12,12 +15,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from cryptography import x509
 
 from tests.integration.conftest import Cluster
-from tests.tlscerts import self_signed
+from tests.tlscerts import CertFiles, self_signed, signed_by
+from trainpod.backends.procs import read_pid
 from trainpod.client.http import TrainpodClient, trust_context
 from trainpod.errors import CertificateRejected
 from trainpod.paths import ClusterPaths, ClusterRecord, read_secret
+from trainpod.testing.wait import wait_until
 
 pytestmark = pytest.mark.integration
 WORKERS = Path(__file__).parent / "workers"
@@ -109,3 +115,58 @@ def test_plain_http_on_a_wildcard_needs_insecure(home: Path, tmp_path: Path) -> 
     finally:
         gone = _cli(home, "cluster", "delete", "open", "--purge")
         assert gone.returncode == 0, gone.stdout + gone.stderr
+
+
+CA_SPEC = TLS_SPEC.replace(
+    "{{{{cert: {cert}, key: {key}}}}}", "{{{{cert: {cert}, key: {key}, ca: {ca}}}}}"
+)
+
+
+def test_a_renewed_certificate_is_served_without_a_restart(
+    make_cluster_from_spec: Callable[[str], Cluster], tmp_path: Path
+) -> None:
+    """The certificate is renewed in place (same CA, new key and serial) and the controller
+    told with SIGHUP: the next connection gets the new certificate, the agents' open ones
+    go on, and a job submitted afterwards runs; the controller never restarted."""
+    ca = self_signed(tmp_path / "ca", "ca")
+    first = signed_by(ca, tmp_path / "first", "server")
+    renewed = signed_by(ca, tmp_path / "renewed", "server")
+    live = CertFiles(tmp_path / "live" / "server.crt", tmp_path / "live" / "server.key")
+    live.cert.parent.mkdir()
+    for src, dest in ((first.cert, live.cert), (first.key, live.key)):
+        dest.write_bytes(src.read_bytes())
+    c = make_cluster_from_spec(CA_SPEC.format(cert=live.cert, key=live.key, ca=ca.cert))
+    c.wait_idle()
+    port = int(c.record.url.rsplit(":", 1)[1].rstrip("/"))
+    pid = read_pid(c.paths.pid_file("controller"))
+    assert pid is not None
+    assert _serial_served(port, ca.cert) == _serial(first)
+    live.key.write_bytes(renewed.key.read_bytes())  # the renewal, over the old files
+    live.cert.write_bytes(renewed.cert.read_bytes())
+    os.kill(pid, signal.SIGHUP)
+    wait_until(
+        lambda: _serial_served(port, ca.cert) == _serial(renewed),
+        timeout_s=30,
+        what="the renewed certificate served",
+    )
+    assert read_pid(c.paths.pid_file("controller")) == pid  # the same process
+    out = c.cli("submit", "-N", "2", "--json", "--", "python", str(WORKERS / "allreduce.py"))
+    done = c.wait_job(int(json.loads(out.stdout)["id"]))
+    assert done.state == "completed", done.reason
+    assert "serving the renewed certificate" in c.paths.log_file("controller").read_text()
+
+
+def _serial(files: CertFiles) -> int:
+    return x509.load_pem_x509_certificate(files.cert.read_bytes()).serial_number
+
+
+def _serial_served(port: int, ca: Path) -> int:
+    """The serial of the certificate a new connection to the controller is given."""
+    ctx = ssl.create_default_context(cafile=str(ca))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number

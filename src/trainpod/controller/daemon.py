@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 import pwd
+import signal
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ import uvicorn
 from trainpod.api.app import create_app
 from trainpod.api.models import ClusterInfo
 from trainpod.backends.base import backend_for
+from trainpod.controller.certreload import CertReloader
 from trainpod.controller.config import ControllerConfig, NodeDecl, PreemptionConfig
 from trainpod.controller.core import Controller
 from trainpod.controller.external import Scheduling
@@ -92,6 +94,13 @@ def config_from_record(record: ClusterRecord, paths: ClusterPaths) -> Controller
         carbon=spec.carbon_intensity(),
         view_cache_bytes=spec.controller.view_cache_mib << 20,
     )
+
+
+def watch_certificate(reloader: CertReloader, stop: threading.Event) -> None:
+    """Serve a renewed certificate from the next connection on: looked for every few
+    seconds, and at once on SIGHUP (``kill -HUP``, as nginx and HAProxy take it)."""
+    signal.signal(signal.SIGHUP, lambda *_: reloader.wake.set())
+    threading.Thread(target=reloader.run, args=(stop,), name="cert-reload", daemon=True).start()
 
 
 def _owner_of(path: Path) -> str:
@@ -305,25 +314,29 @@ def main(argv: list[str] | None = None) -> None:
     )
     threading.Thread(target=goodput.run, args=(stop,), name="tensorboard", daemon=True).start()
     log.info("controller for %s listening on %s", record.name, record.url)
+    serving = uvicorn.Config(
+        app,
+        host=record.host,
+        port=record.port,
+        log_level="warning",
+        access_log=False,
+        # Named rather than "auto": both are dependencies, and a silent fall-back to the
+        # pure-Python h11 parser and asyncio's loop would cost every heartbeat.
+        http="httptools",
+        loop="uvloop",
+        backlog=BACKLOG,
+        # Nothing reads a client's address; uvicorn's X-Forwarded-For rewriting is a
+        # middleware run on every request, heartbeats included.
+        proxy_headers=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        ssl_certfile=None if tls is None else str(tls.cert),
+        ssl_keyfile=None if tls is None else str(tls.key),
+    )
+    serving.load()  # makes the SSLContext now, so that a renewed certificate goes into it
+    if tls is not None and serving.ssl is not None:
+        watch_certificate(CertReloader(serving.ssl, tls.cert, tls.key), stop)
     try:
-        uvicorn.run(
-            app,
-            host=record.host,
-            port=record.port,
-            log_level="warning",
-            access_log=False,
-            # Named rather than "auto": both are dependencies, and a silent fall-back to the
-            # pure-Python h11 parser and asyncio's loop would cost every heartbeat.
-            http="httptools",
-            loop="uvloop",
-            backlog=BACKLOG,
-            # Nothing reads a client's address; uvicorn's X-Forwarded-For rewriting is a
-            # middleware run on every request, heartbeats included.
-            proxy_headers=False,
-            timeout_keep_alive=KEEP_ALIVE_S,
-            ssl_certfile=None if tls is None else str(tls.cert),
-            ssl_keyfile=None if tls is None else str(tls.key),
-        )
+        uvicorn.Server(serving).run()
     finally:
         shut_down()
 
