@@ -10,7 +10,7 @@ import shutil
 import sys
 import tempfile
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,9 @@ from tests.integration.conftest import Cluster
 from trainpod.agent.launcher import Launcher
 from trainpod.agent.warmstart import WarmStarter, agents_zygote_env
 from trainpod.api.models import LaunchOrder, RankReport, RankSlot
+from trainpod.cli.jobs import default_env
 from trainpod.controller.ports import free_port
+from trainpod.spec.job import JobSpec
 from trainpod.testing.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -185,3 +187,87 @@ def test_a_local_cluster_restarts_a_crashed_job_warm(cluster: Cluster) -> None:
     assert text.count(": warm start, pid") == 8, text  # 4 ranks, 2 attempts
     assert ": cold start" not in text
     cluster.wait_idle()
+
+
+SLOW_MODULE = """\
+import os, time
+PID = os.getpid()
+with open(os.environ["IMPORTS_FILE"], "a") as f:
+    f.write(f"{PID}\\n")
+time.sleep(1.0)  # an import that takes long, as transformers' does
+"""
+
+PRELOAD_SCRIPT = """\
+import os, sys, time
+preloaded = "slowmod" in sys.modules
+import slowmod
+attempt = os.environ["TRAINPOD_ATTEMPT"]
+print(f"attempt={attempt} preloaded={preloaded} imported_by={slowmod.PID} me={os.getpid()}",
+      flush=True)
+if attempt == "1":
+    while not os.path.exists(os.environ["CRASH_FILE"]):  # the test says when
+        time.sleep(0.1)
+    sys.exit("attempt 1 crashes once its job's preload server is ready")
+"""
+
+
+def test_a_restart_forks_from_the_jobs_preload_server_with_its_modules_imported(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """``--preload slowmod``: the node's agent starts a warm-start server for the job that
+    imports slowmod (from the job's working directory, with the job's environment); the
+    restart after a crash forks from it, and its rank finds slowmod imported (by the server,
+    not by itself). The first attempt could not wait for it."""
+    cluster = make_cluster(workers=1)
+    work = cluster.workdir
+    (work / "slowmod.py").write_text(SLOW_MODULE)
+    (work / "train.py").write_text(PRELOAD_SCRIPT)
+    imports, crash = work / "imports.txt", work / "crash-now"
+    env = {"IMPORTS_FILE": str(imports), "CRASH_FILE": str(crash), "PYTHONPATH": str(work)}
+    job = cluster.client.submit(
+        JobSpec(
+            command=["python", str(work / "train.py")],
+            env={**default_env(), **env},
+            workdir=str(work),
+            nodes=1,
+            procs_per_node=1,
+            auto_resume=True,
+            max_restarts=1,
+            preload=["slowmod"],
+        )
+    )
+    node = cluster.paths.node_dir("workers-0")
+    server_log = node / f"zygote-job-{job.id}.log"
+    preloaded = re.compile(r"zygote (\d+): preloaded torch,torch.distributed,trainpod,slowmod")
+    found = wait_until(
+        lambda: preloaded.search(server_log.read_text()) if server_log.exists() else None,
+        timeout_s=180,
+        what=f"job {job.id}'s preload server to import slowmod",
+    )
+    server = int(found.group(1))
+    ready = re.compile(rf"warm-start server \(pid {server}\) ready")
+    wait_until(
+        lambda: ready.search((node / "agent.log").read_text()),
+        timeout_s=60,
+        what="the agent to see the preload server ready",
+    )
+    crash.touch()
+    done = cluster.wait_job(job.id, timeout_s=180)
+    assert done.state == "completed", done.reason
+    assert [a.cause for a in done.attempts][:1] == ["crash"] and len(done.attempts) == 2
+    second = cluster.client.logs(job.id, rank=0, attempt=2).data
+    assert f"attempt=2 preloaded=True imported_by={server} " in second, second
+    assert str(server) in imports.read_text().split()  # the server imported it, once
+    assert imports.read_text().split().count(str(server)) == 1
+    agent = (node / "agent.log").read_text()
+    starts = re.findall(r"rank 0 of attempt \d+: (warm|cold) start", agent)
+    assert len(starts) == 2 and starts[-1] == "warm", starts  # the restart: warm
+    cluster.wait_idle()
+    wait_until(
+        lambda: (
+            f"job {job.id} has ended: its warm-start server closed"
+            in (node / "agent.log").read_text()
+        ),
+        timeout_s=60,
+        what="the job's preload server closed once it ended",
+    )

@@ -183,6 +183,8 @@ class Agent:
                 self.stopping.set()
             if self._checkpoints is not None and orders.active_jobs is not None:
                 self._checkpoints.retain(set(orders.active_jobs))
+            if orders.active_jobs is not None:
+                self.launcher.retain(set(orders.active_jobs))
             for kill in orders.kill:
                 if self.launcher.kill(kill.attempt_id, kill.grace_s, notice=Notice.of(kill)):
                     log.info("order: kill attempt %d (%s)", kill.attempt_id, kill.reason)

@@ -39,6 +39,7 @@ import psutil
 from trainpod import notice, procutil, resume
 from trainpod.agent.accounts import AccountError, RunAs, run_as
 from trainpod.agent.jobsockets import AccountSockets
+from trainpod.agent.warmpool import WarmPool
 from trainpod.agent.warmstart import WarmProcess, WarmStarter
 from trainpod.api.models import (
     FORGOTTEN_FOR_S,
@@ -213,7 +214,7 @@ class Launcher:
         node_env: dict[str, str],
         on_change: Callable[[], None],
         inherited: Mapping[str, str] | None = None,
-        warm: WarmStarter | None = None,
+        warm: WarmPool | WarmStarter | None = None,
         accounts: AccountSockets | None = None,
     ) -> None:
         """``node_env``: variables every worker on this node gets (node name, scratch, devices).
@@ -221,14 +222,15 @@ class Launcher:
         ``inherited``: what of the agent's own environment workers get (see
         :func:`inheritance`); nothing else of it reaches them. None: the default allow-list.
 
-        ``warm``: starts ranks warm where it can; the launcher closes it in :meth:`shutdown`.
+        ``warm``: starts ranks warm where it can (a lone zygote: no ``--preload`` servers);
+        the launcher closes it in :meth:`shutdown`.
         ``accounts``: the beacon and checkpoint sockets of ranks that run as an account."""
         self._node_env = node_env
         self._inherited = dict(
             inheritance(os.environ, DEFAULT_ENV_ALLOW) if inherited is None else inherited
         )
         self._on_change = on_change
-        self._warm = warm
+        self._warm = WarmPool(warm, None) if isinstance(warm, WarmStarter) else warm
         self._accounts = accounts
         self._lock = threading.Lock()
         self._exited = threading.Condition(self._lock)  # notified when a rank ends
@@ -351,7 +353,7 @@ class Launcher:
         if self._warm is None:
             return None
         t0 = time.monotonic()
-        proc = self._warm.spawn(order.argv, cwd=order.workdir, env=env, log_path=rp.log_path)
+        proc = self._warm.spawn(order, env=env, log_path=rp.log_path)
         what = f"rank {rp.rank} of attempt {order.attempt_id}"
         if isinstance(proc, str):
             log.info("%s: cold start (%s)", what, proc)
@@ -554,6 +556,12 @@ class Launcher:
             t.join()
         if self._warm is not None:
             self._warm.close()
+
+    def retain(self, active_jobs: set[int]) -> None:
+        """The jobs still active on this node (the controller's word): the warm-start servers
+        of every other job are closed."""
+        if self._warm is not None:
+            self._warm.retain(active_jobs)
 
     # -- reporting ----------------------------------------------------------------------
     def reports(self) -> list[AttemptReport]:

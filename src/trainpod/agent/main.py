@@ -27,6 +27,7 @@ from trainpod.agent.persisters import CheckpointHub
 from trainpod.agent.slurmnotice import ENV as SLURM_NOTICE_ENV
 from trainpod.agent.slurmnotice import SlurmNoticeWatch, ask_slurm
 from trainpod.agent.tensorboard import TensorBoardTap
+from trainpod.agent.warmpool import WarmPool, job_zygotes
 from trainpod.agent.warmstart import WarmStarter, zygote_env
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import NotFound
@@ -148,12 +149,13 @@ def main(argv: list[str] | None = None) -> None:
     warm = None
     inherited = inheritance(os.environ, spec.env_allow)  # nothing else of ours (ADR 0032)
     if os.environ.get("TRAINPOD_WARM_START", "1") != "0":
-        warm = WarmStarter(
+        agents = WarmStarter(
             socket_path=paths.runtime_dir / f"{args.node}.zygote.sock",
             log_path=node_dir / "zygote.log",
             env={**zygote_env(os.environ, inherited), **node_env},
         )
-        warm.start()
+        agents.start()
+        warm = WarmPool(agents, job_zygotes(agents, paths.runtime_dir, node_dir, args.node))
     launcher = Launcher(
         node_env=node_env,
         on_change=on_change,

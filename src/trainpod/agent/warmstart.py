@@ -211,9 +211,12 @@ class WarmStarter:
         executable: str = sys.executable,
         reply_timeout_s: float = 10.0,
         restart_delay_s: float = 1.0,
+        cwd: Path | None = None,
     ) -> None:
         """``restart_delay_s``: the wait before restarting a zygote that died young (doubling
-        up to a minute while it keeps dying; none after one that lived for a minute)."""
+        up to a minute while it keeps dying; none after one that lived for a minute).
+        ``cwd``: where the zygote runs, and so where its ``preload`` modules are looked for
+        first (None: the socket's dir)."""
         if len(str(socket_path)) > 100:
             raise ValueError(f"socket path {socket_path} is too long for a Unix socket")
         self.socket_path = socket_path
@@ -222,6 +225,7 @@ class WarmStarter:
         # (controller/launch.py); the zygote must load its libraries with the same value.
         self.env = {"OMP_NUM_THREADS": "1", **env}
         self._preload = list(preload)
+        self._cwd = cwd if cwd is not None else socket_path.parent
         self._executable = executable
         self._timeout = reply_timeout_s
         self._restart_delay = restart_delay_s
@@ -345,7 +349,7 @@ class WarmStarter:
             with self._log_path.open("ab") as out:
                 self._proc = subprocess.Popen(
                     argv,
-                    cwd=self.socket_path.parent,
+                    cwd=self._cwd,
                     env=self.env,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,

@@ -208,6 +208,11 @@ class LaunchOrder(_Model):
     account: str | None = Field(
         default=None, description="the POSIX account the ranks run as (None: the agent's)"
     )
+    preload: list[str] = Field(
+        default_factory=list,
+        description="modules the agent imports in a warm-start server of the job's own (its "
+        "spec's preload), for the ranks' later starts to fork from",
+    )
 
 
 class KillOrder(_Model):

@@ -161,6 +161,11 @@ def submit(
     priority: int = typer.Option(None, "--priority", help="Slurm: --priority (admins)"),
     dependency: str = typer.Option(None, "--dependency", help="Slurm: e.g. afterok:123"),
     exclude: str = typer.Option(None, "--exclude", help="Slurm: nodes never to use (a,b)"),
+    preload: list[str] = typer.Option(
+        [],
+        "--preload",
+        help="modules to import once per node for restarts to fork from (a,b; repeatable)",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="show the launch plan; submit nothing"),
     idempotency_key: str = typer.Option(
         None,
@@ -180,6 +185,7 @@ def submit(
         priority=priority,
         dependency=dependency,
         exclude=[x for x in (exclude or "").split(",") if x],
+        preload=[m.strip() for item in preload for m in item.split(",") if m.strip()],
         command=command,
         name=name,
         nodes=nodes,

@@ -145,4 +145,5 @@ def launch_order(
         ranks=[RankSlot(rank=first + i, local_rank=i) for i in range(procs_per_node)],
         log_dir=str(attempt_log_dir(cfg, job_id, attempt_number)),
         account=spec.account,
+        preload=list(spec.preload),
     )

@@ -28,6 +28,8 @@ _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PARTITION = re.compile(r"[a-z][a-z0-9-]{0,29}")  # the cluster spec's partition names
 _SLURM_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\[\]-]{0,199}")
 _SLURM_DEPENDENCY = re.compile(r"[A-Za-z0-9_:,?+*%.-]{1,400}")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+MAX_PRELOAD = 32
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _NUL = re.compile(r"\x00")
 _NO_NUL = "remove it: a process's arguments and environment end a string at NUL"
@@ -99,6 +101,13 @@ class JobSpec(BaseModel):
         "(healthy ranks keep running and re-join the failed rank's replacement; the script "
         "runs its loop with trainpod.elastic.run; ADR 0026)",
     )
+    preload: list[str] = Field(
+        default_factory=list,
+        description="modules its ranks import that take long (transformers, lightning): "
+        "each node's agent imports them once in a warm-start server for the job, and the "
+        "ranks' later starts (restarts after a fault) fork from it with them imported; "
+        "not for jobs that run as an account",
+    )
     min_nodes: int | None = Field(
         default=None, ge=1, description="continue on this many nodes when no spare is left"
     )
@@ -157,6 +166,22 @@ class JobSpec(BaseModel):
                 "has no training loop to recover: leave --recovery out"
             )
         return self
+
+    @field_validator("preload")
+    @classmethod
+    def _module_names(cls, names: list[str]) -> list[str]:
+        if len(names) > MAX_PRELOAD:
+            raise ValueError(
+                f"--preload names {len(names)} modules; at most {MAX_PRELOAD}: keep the few "
+                "whose import takes seconds"
+            )
+        for name in names:
+            if not isinstance(name, str) or not _MODULE.fullmatch(name) or len(name) > 200:
+                raise ValueError(
+                    f"--preload {name!r:.80} is not a module name; give dotted Python names "
+                    "as `import` takes them (transformers, torch.distributed), comma-separated"
+                )
+        return list(dict.fromkeys(names))
 
     @field_validator("command")
     @classmethod
