@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from trainpod.agent.agent import memory_to_release
-from trainpod.agent.persisters import CheckpointHub
+from trainpod.agent.persisters import CheckpointHub, sweep_memory_tiers
 from trainpod.ckpt.handoff import AgentLink, PersistStatus, TierConfig
 from trainpod.ckpt.manifest import METADATA, FileEntry, Manifest
 from trainpod.ckpt.parts import part_path
@@ -489,6 +489,27 @@ def test_an_ending_allocation_removes_its_own_jobs_tier_and_keeps_a_preempted_on
         hub.close()
         shutil.rmtree(sock.parent, ignore_errors=True)
         shutil.rmtree(two, ignore_errors=True)
+
+
+def test_cluster_delete_sweeps_the_memory_tiers_an_agents_state_file_still_lists(
+    tmp_path: Path, shm_job: str
+) -> None:
+    shm = Path("/dev/shm/trainpod") / shm_job
+    make_memory(shm, nodes=("n0", "n1"))
+    (shm / ".persist-n0").mkdir()
+    (shm / ".persist-n0.lock").touch()
+    elsewhere = tmp_path / "trainpod" / shm_job / "n0"  # the right shape, not a memory base
+    elsewhere.mkdir(parents=True)
+    state = tmp_path / "checkpoints.json"
+    listed = [str(shm / "n0"), str(shm / "gone"), str(elsewhere), "/etc", str(shm)]
+    state.write_text(json.dumps({"7": listed}))
+    assert sweep_memory_tiers(state) == [shm / "n0"]
+    assert not (shm / "n0").exists() and not (shm / ".persist-n0").exists()
+    assert not (shm / ".persist-n0.lock").exists()
+    assert (shm / "n1").is_dir()  # another node's share: not listed here
+    assert elsewhere.is_dir() and Path("/etc").is_dir()
+    assert sweep_memory_tiers(state) == []  # idempotent
+    assert sweep_memory_tiers(tmp_path / "none.json") == []
 
 
 # -- the worker's side: a Checkpointer that hands its copies to the agent ------------------

@@ -530,13 +530,7 @@ class CheckpointHub:
 
     # -- what survives an agent restart -------------------------------------------------
     def _load_state(self) -> dict[int, set[str]]:
-        if self.state_file is None:
-            return {}
-        try:
-            body = json.loads(self.state_file.read_text())
-            return {int(k): {str(d) for d in v} for k, v in body.items()}
-        except (OSError, ValueError, TypeError, AttributeError):
-            return {}
+        return {} if self.state_file is None else read_state(self.state_file)
 
     def _save_state_locked(self) -> None:
         if self.state_file is None:
@@ -553,6 +547,31 @@ class CheckpointHub:
         with self._lock:
             if self._known.pop(job_id, None) is not None:
                 self._save_state_locked()
+
+
+def read_state(state_file: Path) -> dict[int, set[str]]:
+    """The memory dirs an agent's ``state_file`` lists by job id ({} when unreadable)."""
+    try:
+        body = json.loads(state_file.read_text())
+        return {int(k): {str(d) for d in v} for k, v in body.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def sweep_memory_tiers(state_file: Path) -> list[Path]:
+    """Remove the memory tiers that an agent's ``state_file`` still lists and this host
+    holds; return the dirs removed. For ``cluster delete``: the agents that wrote it are
+    gone, and once the cluster's state dir is gone nobody knows these dirs are its own. Only
+    below a memory base (:func:`removable`). Idempotent; a missing or unreadable file lists
+    nothing."""
+    removed = []
+    for dirs in read_state(state_file).values():
+        for d in sorted(dirs):
+            path = Path(d)
+            if removable(path) and path.exists():
+                _remove_memory(path, path.name)
+                removed.append(path)
+    return removed
 
 
 def _written_in(source: str | None, memory: str | None, scratch: str | None) -> Path:
