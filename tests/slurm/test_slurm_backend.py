@@ -119,7 +119,8 @@ def slurm_cluster(
     slurm: SlurmCI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str
 ) -> Iterator[SlurmCluster]:
     """A ``backend: slurm`` cluster of ``spec`` (``{name}`` filled in) on the session's Slurm,
-    deleted and the Slurm reset at the end."""
+    deleted and the Slurm reset at the end; then none of the memory tiers its workers
+    printed (``memory=DIR``) may be left in /dev/shm."""
     monkeypatch.setenv("TRAINPOD_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("TRAINPOD_CLUSTER", raising=False)
     monkeypatch.setenv("TRAINPOD_WARM_START", "0")  # agents come and go with each job
@@ -131,12 +132,41 @@ def slurm_cluster(
     client = TrainpodClient.for_record(record, read_secret(paths.admin_token))
     workdir = tmp_path / "work"
     workdir.mkdir()
+    before = shm_entries()
     try:
         yield SlurmCluster(paths, backend, client, workdir, slurm)
     finally:
         client.close()
+        reported = memory_tiers_reported(paths)  # before delete removes the logs
         backend.delete(purge=True)
         slurm.reset()
+    # Nothing of this cluster stays in /dev/shm (other clusters' dirs may come and go).
+    left = sorted((shm_entries() - before) & reported)
+    assert not left, f"memory tiers left in {SHM}: {left}"
+
+
+SHM = Path("/dev/shm/trainpod")
+_MEMORY_LINE = re.compile(rf"^memory={re.escape(str(SHM))}/([^/\s]+)$", re.MULTILINE)
+
+
+def shm_entries() -> set[str]:
+    """The job dirs in /dev/shm/trainpod now (every cluster's on this host)."""
+    try:
+        return {p.name for p in SHM.iterdir()}
+    except FileNotFoundError:
+        return set()
+
+
+def memory_tiers_reported(paths: ClusterPaths) -> set[str]:
+    """The memory tier job dirs the cluster's workers printed (``memory=DIR``, as
+    workers/preemptible.py does), from every rank's log of every attempt."""
+    found: set[str] = set()
+    for log in paths.jobs_dir.glob("*/attempt-*/rank-*.log"):
+        try:
+            found.update(_MEMORY_LINE.findall(log.read_text(errors="replace")))
+        except OSError:
+            continue
+    return found
 
 
 def expected_value(world: int, steps: int) -> float:

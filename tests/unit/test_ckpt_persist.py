@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from trainpod.agent.persisters import CheckpointHub
+from trainpod.agent.agent import memory_to_release
+from trainpod.agent.persisters import CheckpointHub, sweep_memory_tiers
 from trainpod.ckpt.handoff import AgentLink, PersistStatus, TierConfig
 from trainpod.ckpt.manifest import METADATA, FileEntry, Manifest
 from trainpod.ckpt.parts import part_path
@@ -442,6 +443,73 @@ def test_a_restarted_agent_cleans_up_after_the_jobs_its_predecessor_knew(
         hub.close()
         shutil.rmtree(sock.parent, ignore_errors=True)
     assert os.path.exists("/etc")
+
+
+@pytest.mark.parametrize(
+    ("allocation", "preempted", "removes"),
+    [
+        # Slurm ends the allocation (time limit, scancel, a requeue, the job's end): the
+        # node goes back to Slurm, and no agent of the cluster may ever come back to it.
+        ({"allocation": 3, "allocation_round": 0}, False, {3}),
+        # Slurm preempts it: the requeued job may land here again and load from memory.
+        ({"allocation": 3, "allocation_round": 1}, True, set()),
+        # Outside Slurm: a restarted agent finds them; orders say when their jobs end.
+        ({}, False, set()),
+    ],
+)
+def test_an_allocations_agent_takes_its_jobs_memory_tier_with_it_unless_preempted(
+    allocation: dict[str, int], preempted: bool, removes: set[int]
+) -> None:
+    assert memory_to_release(allocation, preempted) == removes
+
+
+def test_an_ending_allocation_removes_its_own_jobs_tier_and_keeps_a_preempted_ones(
+    tmp_path: Path, shm_job: str
+) -> None:
+    """Job 2's agent ends on a node where preempted job 1 waits for its next allocation
+    (both known from the node's state file; job 2 made only its job dir, as a
+    Checkpointer does before its first save, and never handed a step over)."""
+    one, two = Path("/dev/shm/trainpod") / shm_job, Path("/dev/shm/trainpod") / f"{shm_job}b"
+    make_memory(one, nodes=("n0",))
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"1": [str(one / "n0")]}))
+    sock = Path(tempfile.mkdtemp(prefix="tph-", dir="/tmp")) / "c.sock"
+    hub = CheckpointHub(sock, log_dir=tmp_path / "logs", state_file=state)
+    try:
+        hub.retain({1, 2})
+        two.mkdir(mode=0o700)
+        hub.expect(2, two / "n0")
+        hub.expect(2, Path("/etc/n0"))  # never outside a memory base
+        assert json.loads(state.read_text()) == {"1": [str(one / "n0")], "2": [str(two / "n0")]}
+        hub.end({2})
+        assert hub.wait_idle(30)
+        assert not two.exists() and (one / "n0").is_dir()
+        assert json.loads(state.read_text()) == {"1": [str(one / "n0")]}
+    finally:
+        hub.close()
+        shutil.rmtree(sock.parent, ignore_errors=True)
+        shutil.rmtree(two, ignore_errors=True)
+
+
+def test_cluster_delete_sweeps_the_memory_tiers_an_agents_state_file_still_lists(
+    tmp_path: Path, shm_job: str
+) -> None:
+    shm = Path("/dev/shm/trainpod") / shm_job
+    make_memory(shm, nodes=("n0", "n1"))
+    (shm / ".persist-n0").mkdir()
+    (shm / ".persist-n0.lock").touch()
+    elsewhere = tmp_path / "trainpod" / shm_job / "n0"  # the right shape, not a memory base
+    elsewhere.mkdir(parents=True)
+    state = tmp_path / "checkpoints.json"
+    listed = [str(shm / "n0"), str(shm / "gone"), str(elsewhere), "/etc", str(shm)]
+    state.write_text(json.dumps({"7": listed}))
+    assert sweep_memory_tiers(state) == [shm / "n0"]
+    assert not (shm / "n0").exists() and not (shm / ".persist-n0").exists()
+    assert not (shm / ".persist-n0.lock").exists()
+    assert (shm / "n1").is_dir()  # another node's share: not listed here
+    assert elsewhere.is_dir() and Path("/etc").is_dir()
+    assert sweep_memory_tiers(state) == []  # idempotent
+    assert sweep_memory_tiers(tmp_path / "none.json") == []
 
 
 # -- the worker's side: a Checkpointer that hands its copies to the agent ------------------

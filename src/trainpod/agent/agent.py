@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from trainpod.agent.beacons import BeaconBook, rank_beacon
@@ -29,6 +30,7 @@ from trainpod.agent.slurmnotice import SlurmNoticeWatch
 from trainpod.agent.tensorboard import TensorBoardTap
 from trainpod.api.devices import DeviceSample
 from trainpod.api.models import AttemptReport, Heartbeat, LaunchOrder, Orders
+from trainpod.ckpt.layout import resolve
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import ControllerUnavailable, TrainpodError
 
@@ -74,6 +76,7 @@ class Agent:
         self._facts = facts
         self._interval = heartbeat_interval_s
         self._grace = teardown_grace_s
+        self._node_env = node_env
         self._changed = threading.Event()
         self.stopping = threading.Event()
         self._orders_hash: str | None = None
@@ -211,6 +214,10 @@ class Agent:
 
     def _launch(self, launch: LaunchOrder) -> None:
         """Start this node's ranks of an attempt (idempotent; thread-safe)."""
+        if self._checkpoints is not None:  # where its ranks' memory tier would be
+            env = {**launch.env, **self._node_env}
+            memory = resolve(None, env=env, require_durable=False).memory
+            self._checkpoints.expect(launch.job_id, memory)
         if self._tensorboard is not None:  # before its ranks can send a beacon
             self._tensorboard.watch(launch)
         if self.launcher.launch(launch):
@@ -270,10 +277,31 @@ class Agent:
             log.info("stopping %d workers", len(self.launcher.pids()))
         self.launcher.shutdown(self._grace)
         self._stores.close_all()
+        preempted = self._slurm_notice is not None and self._slurm_notice.preempted_at is not None
+        ending = memory_to_release(self._allocation, preempted)
+        if self._checkpoints is not None and ending:
+            # Before the goodbye: Slurm kills what is left of the allocation KillWait after
+            # its SIGTERM. The persisters finish their newest step first (threads).
+            self._checkpoints.end(ending)
         try:
             self._beat(0.0, leaving=True)
         except TrainpodError as exc:
             log.warning("could not say goodbye to the controller: %s", exc)
+
+
+def memory_to_release(allocation: Mapping[str, Any], preempted: bool) -> set[int]:
+    """The jobs whose memory tier on this node an agent that stops removes, whatever its
+    orders still call active. The agent of a Slurm allocation (``allocation``: what the
+    heartbeat says of it) removes its allocation's job's: the node goes back to Slurm for
+    other jobs, and no agent of this cluster may come back to it to do it later (when Slurm
+    ends the allocation, the agent that leaves first is told the job is still active: it
+    ends with the last rank's exit). Not when Slurm preempts the allocation: the job is
+    requeued and may land on the same nodes and load from memory (ADR 0013). Other jobs'
+    tiers (a preempted job's, waiting for its next allocation) stay as the orders say. An
+    agent outside Slurm removes none: a restarted one finds them, and orders say when
+    their jobs end."""
+    job = allocation.get("allocation")
+    return {int(job)} if job is not None and not preempted else set()
 
 
 def _leads(order: LaunchOrder) -> bool:

@@ -14,8 +14,10 @@ When the controller's orders no longer list a job as active on this node
 (:meth:`retain`), its persister is told to finish the newest step (bounded by
 ``finish_timeout_s``), then stopped, and the job's shared-memory dirs on this node are
 removed. Between attempts of a job nothing is removed: an in-job restart on the same node
-finds its memory tier. The memory dirs of the jobs it knows are kept in ``state_file``, so
-an agent that restarts still cleans up after them. Thread-safe.
+finds its memory tier. The memory dirs of the jobs it knows (from their launch, see
+:meth:`expect`, and their hand-offs) are kept in ``state_file``, so an agent that restarts
+still cleans up after them. The agent of a Slurm allocation that stops ends its own job here
+(:meth:`end`): the orders may still call it active. Thread-safe.
 
 A worker that runs as a POSIX account hands over on a socket opened for that account
 (:meth:`CheckpointHub.add_listener`, see :mod:`trainpod.agent.jobsockets`): it may speak only
@@ -222,10 +224,36 @@ class CheckpointHub:
             with self._lock:
                 self._finishers.append(t)
         for job_id, dirs in orphans.items():
-            log.info("job %d has ended: removing its memory tier %s", job_id, sorted(dirs))
+            if any(Path(d).parent.exists() for d in dirs):  # not for a job that made none
+                log.info("job %d has ended: removing its memory tier %s", job_id, sorted(dirs))
             for d in dirs:
                 _remove_memory(Path(d), Path(d).name)
             self._forget(job_id)
+
+    def end(self, job_ids: set[int]) -> None:
+        """Finish and clean up after ``job_ids`` as if the orders no longer listed them
+        (the agent of a Slurm allocation that ends here, see
+        :func:`trainpod.agent.agent.memory_to_release`); every other job stays as the last
+        orders said (all of them before any order came). Returns at once, as :meth:`retain`."""
+        with self._lock:
+            here = set(self._known) | {j.job_id for j in self._jobs.values() if j.job_id}
+            keep = set(self._active) if self._active is not None else here
+        if job_ids & here:
+            log.info("jobs %s end on this node: removing their memory tiers", sorted(job_ids))
+        self.retain(keep - job_ids)
+
+    def expect(self, job_id: int, memory: Path | None) -> None:
+        """A job launches ranks here whose memory tier would be ``memory``: know it from now
+        on, so that it goes when the job does even if no step was ever handed over (a rank
+        that died first, or one that made only the job's dir). Ignored unless
+        :func:`removable`. Idempotent."""
+        if memory is None or not removable(memory):
+            return
+        with self._lock:
+            known = self._known.setdefault(job_id, set())
+            if str(memory) not in known:
+                known.add(str(memory))
+                self._save_state_locked()
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait for the clean-ups under way (tests, shutdown). True when none is left."""
@@ -502,13 +530,7 @@ class CheckpointHub:
 
     # -- what survives an agent restart -------------------------------------------------
     def _load_state(self) -> dict[int, set[str]]:
-        if self.state_file is None:
-            return {}
-        try:
-            body = json.loads(self.state_file.read_text())
-            return {int(k): {str(d) for d in v} for k, v in body.items()}
-        except (OSError, ValueError, TypeError, AttributeError):
-            return {}
+        return {} if self.state_file is None else read_state(self.state_file)
 
     def _save_state_locked(self) -> None:
         if self.state_file is None:
@@ -525,6 +547,31 @@ class CheckpointHub:
         with self._lock:
             if self._known.pop(job_id, None) is not None:
                 self._save_state_locked()
+
+
+def read_state(state_file: Path) -> dict[int, set[str]]:
+    """The memory dirs an agent's ``state_file`` lists by job id ({} when unreadable)."""
+    try:
+        body = json.loads(state_file.read_text())
+        return {int(k): {str(d) for d in v} for k, v in body.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def sweep_memory_tiers(state_file: Path) -> list[Path]:
+    """Remove the memory tiers that an agent's ``state_file`` still lists and this host
+    holds; return the dirs removed. For ``cluster delete``: the agents that wrote it are
+    gone, and once the cluster's state dir is gone nobody knows these dirs are its own. Only
+    below a memory base (:func:`removable`). Idempotent; a missing or unreadable file lists
+    nothing."""
+    removed = []
+    for dirs in read_state(state_file).values():
+        for d in sorted(dirs):
+            path = Path(d)
+            if removable(path) and path.exists():
+                _remove_memory(path, path.name)
+                removed.append(path)
+    return removed
 
 
 def _written_in(source: str | None, memory: str | None, scratch: str | None) -> Path:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainpod.agent.facts import detect_gpus
+from trainpod.agent.persisters import sweep_memory_tiers
 from trainpod.backends.base import Backend, ControllerParts, ProcessStatus, register
 from trainpod.backends.procs import MARKER_ENV, is_ours, read_pid, spawn, sweep, terminate
 from trainpod.client.http import TrainpodClient
@@ -237,6 +238,13 @@ class LocalBackend(Backend):
     def delete(self, *, purge: bool) -> None:
         record = self._record()
         self.stop()
+        # The memory tiers (/dev/shm) that agents still list: an agent stopped or killed
+        # before its jobs ended, or on Slurm one that Slurm ended mid clean-up and that no
+        # later allocation brought back to its node. After this nothing knows they are ours.
+        # Only this host's /dev/shm can be reached from here: a Slurm node's own is swept
+        # by the next agent of the cluster there (its state file), else by the site.
+        for state in sorted(self.paths.state_dir.glob("nodes/*/checkpoints.json")):
+            sweep_memory_tiers(state)
         shutil.rmtree(record.scratch_root, ignore_errors=True)
         if purge:
             shutil.rmtree(record.shared_dir, ignore_errors=True)
