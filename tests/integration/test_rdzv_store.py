@@ -41,7 +41,10 @@ def test_rank_0_may_leave_before_rank_1_tears_down(cluster: Cluster, tmp_path: P
 
 def snapshot_job(cluster: Cluster, snapshots: Path, epochs: int) -> int:
     argv = ["python", str(EXAMPLE), "--total-epochs", str(epochs), "--save-every", "2"]
-    argv += ["--samples", "512", "--snapshot-dir", str(snapshots)]
+    # 128 steps per rank and epoch (batch 2): an epoch takes ~0.3 s here, so the fault the
+    # test aims after the second snapshot cannot come after the run has ended (at batch 32
+    # the remaining eight epochs took ~0.15 s, the test's own look and SIGSTOP about as long).
+    argv += ["--samples", "512", "--batch-size", "2", "--snapshot-dir", str(snapshots)]
     return cluster.submit(argv, nodes=2, procs_per_node=1, auto_resume=True, max_restarts=2).id
 
 
