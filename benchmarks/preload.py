@@ -63,7 +63,7 @@ SERVER = re.compile(r"zygote (\d+): preloaded ")
 def one_run(c: LocalCluster, work: Path, module: str, preload: bool, n: int) -> float:
     script = work / "restart_me.py"
     script.write_text(SCRIPT.format(module=module))
-    crash = work / f"crash-{n}"
+    crash = work / f"crash-{n}-{int(preload)}"  # one per job: a stale one crashes at once
     job = c.client.submit(
         JobSpec(
             command=[sys.executable, str(script)],
@@ -79,7 +79,7 @@ def one_run(c: LocalCluster, work: Path, module: str, preload: bool, n: int) -> 
     )
     node = c.paths.node_dir("workers-0")
     wait_until(
-        lambda: "attempt 1" in c.client.logs(job.id, rank=0).data,
+        lambda: "attempt 1" in c.client.logs(job.id, rank=0, attempt=1).data,
         timeout_s=300,
         what=f"job {job.id}'s first attempt past its imports",
     )
