@@ -74,8 +74,9 @@ def test_save_commits_every_tier_and_a_new_process_loads_the_fastest(tmp_path: P
     assert {f["name"] for f in manifest["files"]} == {"__0_0.distcp", ".metadata"}
     assert (tmp_path / "durable" / "latest").read_text() == "3\n"
 
-    # Outside trainpod nobody else would free the RAM: close() removed the memory tier.
-    assert not list((tmp_path / "shm").glob("*/*"))
+    # Outside trainpod nobody else would free the RAM: close() removed the memory tier,
+    # and the job's dir around it.
+    assert not list((tmp_path / "shm").iterdir())
     with checkpointer(tmp_path) as ck2:
         fresh = make_state(0.0)
         assert ck2.load_latest(fresh) == 3
@@ -83,6 +84,15 @@ def test_save_commits_every_tier_and_a_new_process_loads_the_fastest(tmp_path: P
         assert torch.equal(fresh["model"].weight, torch.full((8, 16), 3.0))
         assert torch.equal(fresh["t"], torch.arange(10.0) + 3)
         assert fresh["extra"] == {"epoch": 3}
+
+
+def test_a_checkpointer_closed_before_any_save_leaves_nothing_in_memory(tmp_path: Path) -> None:
+    """Found in /dev/shm/trainpod after test runs: an empty ``dir-<hash>`` per Checkpointer
+    that never saved (the job's dir is made at the start, and close() only removed it
+    together with a node's tier)."""
+    with checkpointer(tmp_path):
+        assert [p.name[:4] for p in (tmp_path / "shm").iterdir()] == ["dir-"]
+    assert not list((tmp_path / "shm").iterdir())
 
 
 def test_a_kept_memory_tier_is_what_the_next_process_loads_first(tmp_path: Path) -> None:

@@ -157,14 +157,14 @@ class Checkpointer:
             bandwidth_bps=bandwidth_bps,
         )
         self.tiers = list(tiers) if tiers is not None else build_tiers(config)
-        if self.layout.memory is not None and any(t.name == "memory" for t in self.tiers):
-            private_dir(self.layout.memory.parent)  # the job's dir: this account's alone
         primary = self.tiers[0] if self.tiers else None
         if not (isinstance(primary, FsTier) and primary.local and primary.node_scoped):
             raise CheckpointConfigError(
                 f"the first tier must be a node-local directory DCP can write to, got {primary!r};"
                 " enable memory=True or give scratch_dir="
             )
+        if self.layout.memory is not None and any(t.name == "memory" for t in self.tiers):
+            private_dir(self.layout.memory.parent)  # the job's dir: this account's alone
         self._write_coll = Coll.create(timeout_s)
         self._copy_coll = Coll.create(timeout_s)
         if self._write_coll.group is None:  # DCP warns on every single-process call
@@ -343,7 +343,11 @@ class Checkpointer:
 
     def _release_memory(self, done: bool) -> None:
         root = self.layout.memory
-        if root is None or not root.exists():
+        if root is None:
+            return
+        if not root.exists():  # no save reached memory: only the job's dir was made
+            with contextlib.suppress(OSError):
+                root.parent.rmdir()  # if empty (another node's tier may be in it)
             return
         mine = self._newest_in(t for t in self.tiers if t.name == "memory")
         elsewhere = self._newest_in(t for t in self.tiers if t.name != "memory")
