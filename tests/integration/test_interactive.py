@@ -150,7 +150,9 @@ def assert_devices(cluster: Cluster, env: re.Match[str]) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_alloc_shell_run_and_exit_releases(cluster: Cluster, terminals: list[Terminal]) -> None:
+def test_alloc_shell_run_and_exit_releases(
+    cluster: Cluster, terminals: list[Terminal], tmp_path: Path
+) -> None:
     term = open_terminal(terminals, cluster, "alloc", "-N", "2", "--shell", SHELL)
     term.expect(r"allocation (\d+) ")
     term.prompt()
@@ -179,11 +181,21 @@ def test_alloc_shell_run_and_exit_releases(cluster: Cluster, terminals: list[Ter
     assert seen == {0: (nodes[0], job_id), 1: (nodes[1], job_id)}
     assert term.expect(r"STATUS=(\d+)")[1] == "0"
     term.prompt()
+    # Rank 0 leaves first and rank 1 reads the store after it has gone: this CLI hosts the
+    # step's store, as torchrun's launcher does (rank 0 hosting it, rank 1 failed).
+    order = tmp_path / "exit-order"
+    order.mkdir()
+    step = f"trainpod run -p 1 -- python {WORKERS / 'exit_order.py'} {order}"
+    term.child.sendline(f"{step}; echo STATUS=$?")
+    term.expect(r"rank 0 has gone; tearing down")
+    term.expect(r"rank 0 left result 6.0; done")
+    assert term.expect(r"STATUS=(\d+)")[1] == "0"
+    term.prompt()
     # Its exit status comes back, and nothing was queued for it.
     assert term.status("trainpod run -p 1 -- python -c 'import sys; sys.exit(3)'") == 3
     assert [j.id for j in cluster.client.jobs()] == [job_id]
     kinds = [e.kind for e in cluster.client.events(job_id=job_id)]
-    assert kinds.count("step_started") == 2 and kinds.count("step_ended") == 2
+    assert kinds.count("step_started") == 3 and kinds.count("step_ended") == 3
 
     term.child.sendline("exit 0")
     assert term.exit_code() == 0

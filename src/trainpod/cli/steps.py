@@ -6,6 +6,13 @@ the allocation holds the nodes. On the embedded backend every node is a local pr
 this host, so this CLI starts the ranks itself from those orders, streams their output and
 exits with their status (docs/decisions/0014-interactive-allocations.md says why, and what
 agent-launched steps would take).
+
+As torchrun's launcher does, this CLI hosts the step's rendezvous store (a c10d ``TCPStore``
+at ``MASTER_ADDR:MASTER_PORT``) and keeps it until every rank has ended, so the ranks may end
+in any order: a rank still tearing down never finds the store gone because rank 0 left first
+(ADR 0028; the agents do the same for jobs). The store opens in a thread while the ranks
+start (importing torch takes seconds; a c10d client retries until the store is there); if it
+cannot open, the step stops with the reason.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from typing import IO
 
 import typer
 
+from trainpod.agent.rdzvstore import tcp_store
 from trainpod.api.models import LaunchOrder, StepRequest
 from trainpod.cli.context import client_for
 from trainpod.cli.jobs import default_env, parse_env
@@ -69,6 +77,30 @@ def _allocation_from_env() -> int:
     return int(value)
 
 
+class StoreHost:
+    """The step's rendezvous store, opened in a thread and kept until :meth:`close`."""
+
+    def __init__(self, addr: str, port: int) -> None:
+        self.addr, self.port = addr, port
+        self.error = ""
+        """Why the store could not open (empty while it opens or once open)."""
+        self._store: object | None = None
+        self._thread = threading.Thread(target=self._open, name="step-store", daemon=True)
+
+    def open_soon(self) -> None:
+        self._thread.start()
+
+    def _open(self) -> None:
+        try:
+            self._store = tcp_store(self.addr, self.port)
+        except Exception as exc:  # a taken port, an address not this host's, no torch
+            self.error = f"{exc} (the step's rendezvous store); its ranks cannot meet"
+
+    def close(self) -> None:
+        self._thread.join(timeout=60)
+        self._store = None  # the server stops with its last reference
+
+
 class Step:
     """The ranks of one step, spawned here (every embedded node is on this host): their
     output streamed to ours and to the step's rank logs; the first to fail stops the rest,
@@ -78,6 +110,9 @@ class Step:
 
     def __init__(self, orders: list[LaunchOrder]) -> None:
         self._orders = orders
+        first = orders[0].env if orders else {}
+        hosted = first.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and "MASTER_PORT" in first
+        self._store = StoreHost(first["MASTER_ADDR"], int(first["MASTER_PORT"])) if hosted else None
         self._procs: list[subprocess.Popen[bytes]] = []
         self._where: list[str] = []  # "rank R on NODE", by process
         self._out = threading.Lock()
@@ -92,6 +127,8 @@ class Step:
             s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)
         }
         readers: list[threading.Thread] = []
+        if self._store is not None:
+            self._store.open_soon()
         try:
             for order in self._orders:
                 Path(order.log_dir).mkdir(parents=True, exist_ok=True)
@@ -104,6 +141,8 @@ class Step:
             code = self._wait(stop)
         finally:
             self._stop_all()
+            if self._store is not None:
+                self._store.close()  # after every rank: none finds it gone while tearing down
             for t in readers:
                 t.join(timeout=5)
             for s, handler in old.items():
@@ -145,6 +184,9 @@ class Step:
         while True:
             if stop:
                 return 128 + stop[0]
+            if self._store is not None and self._store.error:
+                err_console.print(f"trainpod run: {self._store.error}")
+                return 1
             codes = [p.poll() for p in self._procs]
             failed = [(i, c) for i, c in enumerate(codes) if c is not None and c != 0]
             if failed:

@@ -310,9 +310,9 @@ class Allocations:
                 env.pop(key, None)
             env["TORCHELASTIC_RUN_ID"] = f"{env['TORCHELASTIC_RUN_ID']}-step-{number}"
             env["TRAINPOD_STEP"] = str(number)
-            # A step's ranks are spawned by its CLI, not by an agent: no agent hosts their
-            # store, their rank 0 does (ADR 0028).
-            env["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+            # A step's ranks are spawned by its CLI, which hosts their store as torchrun's
+            # launcher does and outlives them (cli/steps.py; ADR 0028): every rank is a client.
+            env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
             env[ALLOCATION_ENV] = str(job_id)
             scratch = Path(env["TRAINPOD_SCRATCH_DIR"]) / f"job-{job_id}"
             env["TRAINPOD_JOB_SCRATCH_DIR"] = str(scratch)
