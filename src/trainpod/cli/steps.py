@@ -12,7 +12,8 @@ at ``MASTER_ADDR:MASTER_PORT``) and keeps it until every rank has ended, so the 
 in any order: a rank still tearing down never finds the store gone because rank 0 left first
 (ADR 0028; the agents do the same for jobs). The store opens in a thread while the ranks
 start (importing torch takes seconds; a c10d client retries until the store is there); if it
-cannot open, the step stops with the reason.
+cannot open, the step stops with the reason. A step of one rank gets none (its rank hosts
+its own, if it makes one): nothing there can leave before another.
 """
 
 from __future__ import annotations
@@ -111,8 +112,14 @@ class Step:
     def __init__(self, orders: list[LaunchOrder]) -> None:
         self._orders = orders
         first = orders[0].env if orders else {}
-        hosted = first.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and "MASTER_PORT" in first
-        self._store = StoreHost(first["MASTER_ADDR"], int(first["MASTER_PORT"])) if hosted else None
+        # One rank meets nobody: it hosts its own store if it makes one, and a quick step
+        # (`trainpod run -- nvidia-smi`) does not wait for this CLI to import torch.
+        world = sum(len(o.ranks) for o in orders)
+        asked = first.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and "MASTER_PORT" in first
+        self._hosting = asked and world > 1
+        self._store = (
+            StoreHost(first["MASTER_ADDR"], int(first["MASTER_PORT"])) if self._hosting else None
+        )
         self._procs: list[subprocess.Popen[bytes]] = []
         self._where: list[str] = []  # "rank R on NODE", by process
         self._out = threading.Lock()
@@ -152,6 +159,7 @@ class Step:
     def _spawn(self, order: LaunchOrder, rank: int, local_rank: int) -> subprocess.Popen[bytes]:
         env = {**os.environ, **order.env}
         env.update(RANK=str(rank), LOCAL_RANK=str(local_rank), ROLE_RANK=str(rank))
+        env["TORCHELASTIC_USE_AGENT_STORE"] = str(self._hosting)
         env.setdefault("PYTHONUNBUFFERED", "1")
         Path(env["TRAINPOD_JOB_SCRATCH_DIR"]).mkdir(parents=True, exist_ok=True)
         try:
