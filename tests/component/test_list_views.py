@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from trainpod.controller import views
 from trainpod.controller.views import SPEC_BYTES_BASE, SPEC_BYTES_PER_CHAR
+from trainpod.store.rows import JobRow
 from trainpod.testing import FakeGroup
 
 from .conftest import MakeCluster
@@ -92,3 +96,31 @@ def test_the_view_caches_stay_within_their_bytes_and_views_stay_right(
         assert jobs[-1] in cache and jobs[0] not in cache  # the newest are kept
     assert json.loads(c.controller.jobs_json()) == sent  # rebuilt where evicted, the same
     assert views.frozen.bytes <= bound and views.specs.cache.bytes <= bound
+
+
+def test_a_history_larger_than_the_cache_is_rebuilt_a_chunk_at_a_time(
+    make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ended jobs the cache does not hold are read and serialised REBUILD_CHUNK at a time
+    (here 2): the listing is still every job as its model, in order, live ones included."""
+    monkeypatch.setattr(views, "REBUILD_CHUNK", 2)
+    c = make_cluster(groups=(FakeGroup("workers", 2, devices=1),), view_cache_bytes=0)
+    c.up()
+    ended = [c.submit(nodes=1, procs=1, team=f"t{i}") for i in range(7)]
+    for job in ended:
+        c.controller.cancel(job)
+    live = c.submit(nodes=1, procs=1, team="live")
+    c.clock.advance(120)
+    reads: list[int] = []
+    jobs_by_id = c.controller.store.jobs_by_id
+
+    def counted(ids: list[int]) -> list[JobRow]:
+        reads.append(len(ids))
+        return jobs_by_id(ids)
+
+    monkeypatch.setattr(c.controller.store, "jobs_by_id", counted)
+    sent = json.loads(c.controller.jobs_json())
+    assert reads == [3, 2, 2, 1]  # the live job with the first chunk, then the rest
+    monkeypatch.undo()
+    assert sent == [j.model_dump(mode="json") for j in c.controller.job_infos()]
+    assert [j["id"] for j in sent] == [*ended, live]

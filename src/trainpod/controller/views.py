@@ -48,6 +48,10 @@ SPEC_BYTES_PER_CHAR = 4
 """A decoded :class:`JobSpec` weighs about 2 KiB plus 4 bytes per character of its JSON
 (tracemalloc: 3.7 KiB for a 0.5 KB spec, 15.7 KiB for a 3.9 KB one)."""
 JSON_BYTES_BASE = 256  # a cached job's JSON: the bytes objects' own overhead and the entry
+REBUILD_CHUNK = 256
+"""Ended jobs a listing rebuilds at once when they are not cached: their rows and models
+exist a chunk at a time, so a listing's peak is its bytes and one chunk, not its every
+job's models (a history larger than the cache rebuilt whole on each full listing)."""
 _JOB = TypeAdapter(JobInfo)
 _ENDED = [s for s in JobState if s.ended]
 
@@ -103,15 +107,23 @@ class Views:
             now = self._now()
             heads = self.store.job_heads(states, limit=limit)
             cached: dict[int, _Json] = {}  # taken now: another view may evict meanwhile
-            stale = []
-            for job_id, _, updated_at, _ in heads:
+            live: list[int] = []
+            ended: list[int] = []
+            for job_id, state, updated_at, _ in heads:
                 old = self.frozen.get(job_id)
-                if old is None or old.updated_at != updated_at:
-                    stale.append(job_id)
-                else:
+                if old is not None and old.updated_at == updated_at:
                     cached[job_id] = old
-            rows = self._read(self.store.jobs_by_id(stale))
-        fresh = {info.id: _Json.of(info, updated_at=0.0) for info in self._build(rows)}
+                else:
+                    (ended if state.ended else live).append(job_id)
+            # Live jobs as they are now, with the heads; ended ones cannot change any more.
+            first = self._read(self.store.jobs_by_id(live + ended[:REBUILD_CHUNK]))
+        fresh = self._serialise(first)
+        # Ended jobs not in the cache (a history larger than it) are rebuilt a chunk at a
+        # time: a listing's models never all exist at once, only its bytes do.
+        for i in range(REBUILD_CHUNK, len(ended), REBUILD_CHUNK):
+            with self._lock:
+                rows = self._read(self.store.jobs_by_id(ended[i : i + REBUILD_CHUNK]))
+            fresh.update(self._serialise(rows))
         for job_id, state, updated_at, ended_at in heads:
             old_enough = ended_at is None or now - ended_at > FROZEN_AFTER_S
             if job_id in fresh and state.ended and old_enough:
@@ -119,6 +131,9 @@ class Views:
                 self.frozen.put(job_id, done, done.size)
         parts = [(fresh.get(j) or cached[j]).for_viewer(viewer) for j, *_ in heads]
         return b"[" + b",".join(parts) + b"]"
+
+    def _serialise(self, rows: _Rows) -> dict[int, _Json]:
+        return {info.id: _Json.of(info, updated_at=0.0) for info in self._build(rows)}
 
     def of_jobs(self, job_ids: list[int]) -> list[JobInfo]:
         """The jobs with these ids (unknown ids are left out), in id order."""
