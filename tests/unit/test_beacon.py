@@ -240,18 +240,23 @@ def test_ten_thousand_reports_arrive_or_are_counted_dropped(server: BeaconServer
     assert r.last_step is not None and 9_999 - dropped <= r.last_step <= 9_999
 
 
-def _buffered(sock_dir: Path) -> int:
-    """How many reports the socket holds for a receiver that reads none (its buffer)."""
-    path = sock_dir / "deaf-probe.sock"
+def send_to_deaf(sock_dir: Path, name: str, n: int) -> tuple[int, int]:
+    """(sent, dropped) of ``n`` reports flat out to an agent that accepts and never reads."""
+    path = sock_dir / name
     deaf = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # accepts, never reads
     deaf.bind(str(path))
     deaf.listen(8)
     try:
         env = {"TRAINPOD_BEACON_SOCKET": str(path), "TRAINPOD_ATTEMPT_ID": "1", "RANK": "0"}
-        sent, _, _ = run_sender(env, 5_000)
+        sent, dropped, _ = run_sender(env, n)
     finally:
         deaf.close()
-    return sent
+    return sent, dropped
+
+
+def _buffered(sock_dir: Path) -> int:
+    """How many reports the socket holds for a receiver that reads none (its buffer)."""
+    return send_to_deaf(sock_dir, "deaf-probe.sock", 5_000)[0]
 
 
 def test_a_burst_the_socket_can_hold_arrives_whole_however_slow_the_agent(
@@ -270,15 +275,7 @@ def test_a_burst_the_socket_can_hold_arrives_whole_however_slow_the_agent(
 
 
 def test_sender_never_blocks_when_the_agent_stops_reading(sock_dir: Path) -> None:
-    path = sock_dir / "deaf.sock"
-    deaf = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # accepts, never reads
-    deaf.bind(str(path))
-    deaf.listen(8)
-    try:
-        env = {"TRAINPOD_BEACON_SOCKET": str(path), "TRAINPOD_ATTEMPT_ID": "1", "RANK": "0"}
-        sent, dropped, _ = run_sender(env, 20_000)
-    finally:
-        deaf.close()
+    sent, dropped = send_to_deaf(sock_dir, "deaf.sock", 20_000)
     assert sent + dropped == 20_000
     assert 0 < sent < 20_000  # the buffer filled, the rest was dropped, nothing blocked
 
