@@ -298,6 +298,23 @@ def test_a_repeated_user_error_is_retried_once_then_fails_with_its_log(cluster: 
     cluster.wait_idle()
 
 
+def test_a_user_error_that_aborts_in_its_teardown_is_still_the_same_failure(
+    cluster: Cluster,
+) -> None:
+    # attempt 1's ranks raise, print their traceback, then die of SIGABRT while the
+    # interpreter finalizes (pytorch/pytorch#179291); attempt 2's raise the same and exit 1
+    t = train(cluster, extra=("--fail-at", "3", "--abort-on-attempt", "1"))
+    done = t.wait()
+    assert done.state == "failed"
+    assert done.reason.startswith("user error: the same failure twice on healthy nodes")
+    assert [(a.number, a.cause) for a in done.attempts] == [(1, "crash"), (2, "crash")]
+    exits = [(e.attempt, e.data["signal"], e.data["exit_code"]) for e in t.events("rank_exited")]
+    assert (1, 6, None) in exits and (2, None, 1) in exits, exits
+    tails = [e.data.get("log_tail") or "" for e in t.events("rank_exited") if e.attempt == 1]
+    assert any("RuntimeError: bad batch at step 3" in tail for tail in tails), tails
+    cluster.wait_idle()
+
+
 def test_a_user_error_is_recognised_whichever_rank_reports_it_first(cluster: Cluster) -> None:
     t = train(cluster, extra=("--fail-at", "3", "--fail-first", "rotate"))
     decided = wait_until(

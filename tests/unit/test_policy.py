@@ -381,6 +381,52 @@ def test_crash_signature(code: int | None, signal: int | None, tail: str, expect
     assert crash_signature(code, signal, tail) == expected
 
 
+TRACEBACK = (
+    "step 2 loss 0.5\n"
+    "[rank0]: Traceback (most recent call last):\n"
+    '[rank0]:   File "train.py", line 9, in <module>\n'
+    "[rank0]:     main()\n"
+    "[rank0]:     ^^^^^^\n"
+    "[rank0]: RuntimeError: bad batch at step 3\n"
+)
+
+
+def test_a_script_that_raised_is_known_by_its_exception_however_its_process_ended() -> None:
+    raised = "raised RuntimeError: bad batch at step 3"
+    assert crash_signature(1, None, TRACEBACK) == raised
+    # torch#179291: without destroy_process_group, Gloo may abort the interpreter's teardown
+    aborted = TRACEBACK + "terminate called without an active exception\n"
+    assert crash_signature(None, 6, aborted) == raised
+    segv = TRACEBACK + "Fatal Python error: Segmentation fault\n"
+    assert crash_signature(None, 11, segv) == raised
+    # the rank prefix is torch's, not the failure's: rank 1 failing first is the same failure
+    assert crash_signature(1, None, TRACEBACK.replace("[rank0]", "[rank1]")) == raised
+
+
+def test_the_last_traceback_is_the_one_that_ended_the_script() -> None:
+    chained = (
+        TRACEBACK
+        + "\nDuring handling of the above exception, another exception occurred:\n\n"
+        + "Traceback (most recent call last):\n"
+        + '  File "train.py", line 12, in <module>\n'
+        + "ValueError: cleanup failed\n"
+        + "extra output after it\n"
+    )
+    assert crash_signature(1, None, chained) == "raised ValueError: cleanup failed"
+
+
+@pytest.mark.parametrize("sig", [9, 15, 2])
+def test_a_kill_from_outside_is_never_the_same_even_after_a_traceback(sig: int) -> None:
+    assert crash_signature(None, sig, TRACEBACK) == ""
+
+
+def test_an_abort_without_a_traceback_is_not_evidence_of_a_bug() -> None:
+    assert crash_signature(None, 6, "terminate called after throwing\n") == ""
+    cut = '  File "train.py", line 9, in <module>\nRuntimeError: x\n'  # its header cut off
+    assert crash_signature(None, 6, cut) == ""
+    assert crash_signature(1, None, cut) == "code=1 signal=None last=RuntimeError: x"
+
+
 def test_crash_signature_tells_different_endings_apart() -> None:
     assert crash_signature(1, None, "a\nb") != crash_signature(1, None, "a\nc")
     assert crash_signature(1, None, "x") != crash_signature(2, None, "x")

@@ -19,6 +19,7 @@ import enum
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from signal import SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGSEGV
 
 # Node faults are not the job's doing, so they do not use up max_restarts; but a job that
 # keeps taking nodes down (a kernel that triggers XIDs) must not cycle through the cluster.
@@ -166,17 +167,49 @@ def decide(job: JobView, fault: Fault, nodes: Sequence[NodeView]) -> Decision:
 
 
 def crash_signature(exit_code: int | None, signal: int | None, log_tail: str) -> str:
-    """Two crashes are 'the same' when they end the same way: code and last log line.
+    """Two crashes are 'the same' when they end the same way.
 
-    "" (never the same as anything) when the rank said nothing or was killed by a signal: two
-    SIGKILLs in a row (an operator, an OOM killer, chaos) are not evidence of a bug."""
-    lines = [_RANK_PREFIX.sub("", line).strip() for line in log_tail.splitlines()]
-    lines = [line for line in lines if line]
-    if signal is not None or not lines:
+    A rank whose log ends in a Python traceback raised: its signature is the exception that
+    ended it (``raised RuntimeError: bad batch``), whether the process then exited with 1 or
+    aborted itself in its teardown. Without ``destroy_process_group`` a Gloo or NCCL script
+    that raises may die of SIGABRT while the interpreter finalizes, after printing its
+    traceback (pytorch/pytorch#179291), and one of two identical failures must not look
+    different for it. Otherwise: the exit code and the last log line.
+
+    "" (never the same as anything) when the rank said nothing or was killed by a signal from
+    outside: two SIGKILLs in a row (an operator, an OOM killer, chaos) are not evidence of a
+    bug. A signal the process raises itself (SIGABRT, SIGSEGV, ...) counts only after a
+    traceback: alone it may be the hardware's doing."""
+    lines = [_RANK_PREFIX.sub("", line, count=1).rstrip() for line in log_tail.splitlines()]
+    raised = _raised(lines)
+    if raised is not None and (signal is None or signal in _SELF_INFLICTED):
+        return f"raised {raised}"
+    said = [line.strip() for line in lines if line.strip()]
+    if signal is not None or not said:
         return ""
-    return f"code={exit_code} signal={signal} last={lines[-1]}"
+    return f"code={exit_code} signal={signal} last={said[-1]}"
 
+
+def _raised(lines: Sequence[str]) -> str | None:
+    """The exception line of the last Python traceback in ``lines`` (its first unindented
+    line after the header), or None when there is none or the tail cut it off."""
+    header = None
+    for i, line in enumerate(lines):
+        if line.strip() == "Traceback (most recent call last):":
+            header = i
+    if header is None:
+        return None
+    for line in lines[header + 1 :]:
+        if line and not line[0].isspace():
+            return line.strip()
+    return None
+
+
+# Signals a process sends itself (abort(), a bad access, a bad instruction): what a crashing
+# interpreter or library dies of, not an operator, an OOM killer or a scheduler.
+_SELF_INFLICTED = frozenset({SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL})
 
 # torch prefixes every line of a rank's traceback with "[rank3]: " once a process group
-# exists; which rank reports first must not make two identical failures look different.
-_RANK_PREFIX = re.compile(r"^\s*\[rank\d+\]:\s*")
+# exists (its excepthook); which rank reports first must not make two identical failures
+# look different. Only the prefix goes: a traceback's indentation tells frames from its end.
+_RANK_PREFIX = re.compile(r"^\s*\[rank\d+\]: ?")

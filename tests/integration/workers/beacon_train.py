@@ -1,7 +1,7 @@
 """A small deterministic DDP (Gloo) "training" loop for the self-healing tests.
 
 argv: --steps N --ckpt-every K [--ckpt-dir DIR] [--step-s S] [--sync-every M]
-[--fail-at STEP [--fail-first RANK|rotate]] [--tensorboard]
+[--fail-at STEP [--fail-first RANK|rotate] [--abort-on-attempt A]] [--tensorboard]
 
 ``--tensorboard``: rank 0 also writes ``value`` per step with torch's own ``SummaryWriter``
 into ``$TRAINPOD_TENSORBOARD_DIR/script`` (``purge_step`` = the resumed step; flushed at each
@@ -21,7 +21,9 @@ and exit 0.
 ``--fail-at STEP``: a user error, the same every time: every rank raises
 ``RuntimeError: bad batch at step STEP`` there, rank ``--fail-first`` (default 0; ``rotate``:
 rank ``(attempt - 1) % world``) at once and the others a second later, so which rank fails
-first is known.
+first is known. ``--abort-on-attempt A``: on attempt A every rank that raises then aborts
+(SIGABRT) in its interpreter's teardown, after its traceback is printed, as a Gloo or NCCL
+script that never destroyed its process group may (pytorch/pytorch#179291).
 
 ``value`` is the sum over steps s of the all-reduced ``(rank + 1) * s``; with a fixed world
 size W it ends at ``W (W + 1) / 2 * N (N + 1) / 2`` whatever the restarts, when no step is
@@ -31,6 +33,7 @@ lost or done twice after a resume.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
@@ -71,6 +74,7 @@ def main() -> None:
     ap.add_argument("--sync-every", type=int, default=1)
     ap.add_argument("--fail-at", type=int, default=None)
     ap.add_argument("--fail-first", default="0")
+    ap.add_argument("--abort-on-attempt", type=int, default=None)
     ap.add_argument("--tensorboard", action="store_true")
     args = ap.parse_args()
     assert args.ckpt_dir, "no --ckpt-dir and no TRAINPOD_CHECKPOINT_DIR"
@@ -105,6 +109,8 @@ def main() -> None:
             first = (int(attempt) - 1) % world if rotate else int(args.fail_first)
             if rank != first:
                 time.sleep(1.0)
+            if args.abort_on_attempt == int(attempt):
+                atexit.register(os.abort)  # after the excepthook printed the traceback
             raise RuntimeError(f"bad batch at step {step}")
         time.sleep(args.step_s)
         pending.append(torch.tensor([float((rank + 1) * step)], dtype=torch.float64))
