@@ -16,10 +16,12 @@ running with progress beacons (loss, tokens).
 
 It then times the scrape as ``GET /metrics`` serves it (the controller's collector and the
 text exposition, ``trainpod.telemetry.exposition.render``) in ``--runs`` runs (default 5),
-one after another on the same history. Each run starts a cold collector
-(what a restarted controller has: nothing kept, nothing folded, no spec decoded) and times
-its first scrapes, which work the history off a bounded piece at a time (the event log
-folded into the counters, every ended job's goodput computed once), until it has caught up;
+one after another on the same history. Each run starts two cold collectors side by side:
+one on a store where no ended job's goodput is kept yet (a store from before migration 11),
+then one as a restarted controller has it (the goodput earlier scrapes kept in the store;
+nothing in memory, nothing folded, no spec decoded). It times the first scrapes of each,
+which work the history off a bounded piece at a time (the event log folded into the
+counters; the ended jobs' goodput not kept yet computed once, and kept), until caught up;
 then ``--scrapes`` scrapes (default 7) with ``--beats`` agents (default 50) beating between
 them. It reports the median of the runs' medians with their min/max spread, the first
 scrape's and the catch-up's, the body's size and its series count, and the 1-minute load
@@ -136,9 +138,21 @@ def cold_collector(controller: Controller) -> tuple[ClusterMetrics, CollectorReg
     return metrics, registry
 
 
-def one_run(controller: Controller, agents: list[FakeAgent], args: argparse.Namespace) -> Run:
-    """A cold collector: its first scrapes until the history is worked off, then
-    ``--scrapes`` scrapes with ``--beats`` agents beating between them."""
+def forget_kept(controller: Controller) -> None:
+    """The store as one from before ended jobs' goodput was kept (migration 11)."""
+    with controller._lock, controller.store.transaction():
+        controller.store.connection.execute("DELETE FROM goodput_ended")
+
+
+def one_run(
+    controller: Controller, agents: list[FakeAgent], args: argparse.Namespace, *, kept: bool
+) -> Run:
+    """A cold collector (``kept``: on a store where earlier scrapes kept ended jobs'
+    goodput, as a restarted controller finds it; else on one where none is kept): its first
+    scrapes until the history is worked off, then ``--scrapes`` scrapes with ``--beats``
+    agents beating between them."""
+    if not kept:
+        forget_kept(controller)
     metrics, registry = cold_collector(controller)
     first: list[float] = []
     while True:
@@ -187,11 +201,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         controller, agents = build(Path(tmp), args.nodes, args.devices, args.jobs, args.batch)
         built_s = time.perf_counter() - t0
-        runs = []
-        for i in range(args.runs):
-            runs.append(r := one_run(controller, agents, args))
+        runs, unkept = [], []
+        for i in range(args.runs):  # side by side: nothing kept, then kept (a restart)
+            unkept.append(u := one_run(controller, agents, args, kept=False))
+            runs.append(r := one_run(controller, agents, args, kept=True))
             print(
-                f"  run {i + 1}: first scrapes {[round(w, 3) for w in r.first]}, "
+                f"  run {i + 1}: nothing kept: first scrapes {[round(w, 3) for w in u.first]}; "
+                f"kept: first scrapes {[round(w, 3) for w in r.first]}, "
                 f"median {statistics.median(r.walls):.3f}s, load1 {r.load1:.2f}",
                 flush=True,
             )
@@ -216,6 +232,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "catch_up_scrapes": max(len(r.first) for r in runs),
         "catch_up_scrape_max_s": round(max(every_first), 3),
         "catch_up_total_s": spread([sum(r.first) for r in runs]),
+        "nothing_kept": {
+            "first_scrape_s": spread([u.first[0] for u in unkept]),
+            "catch_up_scrapes": max(len(u.first) for u in unkept),
+            "catch_up_scrape_max_s": round(max(w for u in unkept for w in u.first), 3),
+            "catch_up_total_s": spread([sum(u.first) for u in unkept]),
+            "scrape_s": spread([statistics.median(u.walls) for u in unkept]),
+        },
         "body_bytes": runs[-1].body_bytes,
         "series": runs[-1].series,
         "target_s": TARGET_S,
@@ -266,15 +289,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def scrape_summary(result: dict[str, Any]) -> str:
     s, f, load = result["scrape_s"], result["first_scrape_s"], result["load1"]
+    u = result["nothing_kept"]
     return (
         f"scrape at {result['nodes']} nodes x {result['devices_per_node']} devices, "
         f"{result['jobs']} jobs {result['job_states']}, {result['runs']} runs of "
         f"{result['scrapes_per_run']} scrapes: median {s['median']:.3f}s "
         f"[{s['min']:.3f}-{s['max']:.3f}], {result['body_bytes'] / 1e6:.2f} MB, "
-        f"{result['series']} series; first scrape (cold collector) {f['median']:.3f}s "
-        f"[{f['min']:.3f}-{f['max']:.3f}], history worked off in "
+        f"{result['series']} series; first scrape of a restarted controller (goodput kept) "
+        f"{f['median']:.3f}s [{f['min']:.3f}-{f['max']:.3f}], caught up in "
         f"{result['catch_up_scrapes']} scrapes, the longest "
-        f"{result['catch_up_scrape_max_s']:.3f}s; "
+        f"{result['catch_up_scrape_max_s']:.3f}s; nothing kept: first scrape "
+        f"{u['first_scrape_s']['median']:.3f}s, history worked off in "
+        f"{u['catch_up_scrapes']} scrapes, the longest {u['catch_up_scrape_max_s']:.3f}s; "
         f"load1 {load['median']} [{load['min']}-{load['max']}]; target < {TARGET_S:g}s: "
         f"{'met' if result['met'] else 'NOT met'}"
     )

@@ -22,6 +22,8 @@ from trainpod.api.models import ClusterInfo
 from trainpod.controller.access import operator
 from trainpod.controller.core import Controller
 from trainpod.controller.metrics import ClusterMetrics
+from trainpod.errors import StoreUnavailable
+from trainpod.store.goodput import EndedGoodput, EndedGoodputRow
 from trainpod.store.scan import events_of_jobs, job_facts
 from trainpod.telemetry.exposition import render
 from trainpod.telemetry.goodput import KINDS as GOODPUT_KINDS
@@ -171,9 +173,10 @@ def test_who_may_scrape(cluster: HealingCluster, client: TestClient) -> None:
 
 
 def test_a_long_history_is_worked_off_over_the_first_scrapes(cluster: HealingCluster) -> None:
-    """A restarted controller's first scrapes fold the log and compute ended jobs' goodput a
-    bounded piece at a time; until done, the families that would read short are left out,
-    and once done every family is the one a collector without bounds serves."""
+    """A restarted controller's first scrapes fold the log, and compute the goodput of ended
+    jobs no scrape kept yet, a bounded piece at a time; until done, the families that would
+    read short are left out, and once done every family is the one a collector without
+    bounds serves."""
     c = cluster
     for team in ("vision", "speech", "vision"):
         job = c.submit(auto_resume=True, team=team)
@@ -195,6 +198,10 @@ def test_a_long_history_is_worked_off_over_the_first_scrapes(cluster: HealingClu
         return {m.name for m in families(scrape)}
 
     whole = collector().scrape()
+    assert whole.goodput_behind == 0
+    # A store from before ended jobs' goodput was kept (migration 11): nothing kept yet.
+    with ctl._lock, ctl.store.transaction():
+        ctl.store.connection.execute("DELETE FROM goodput_ended")
     bounded = collector(events_chunk=4, ended_chunk=1, catch_up_s=0.0)  # a chunk a scrape
     first = bounded.scrape()
     assert first.tally_behind and first.goodput_behind == 2
@@ -213,6 +220,10 @@ def test_a_long_history_is_worked_off_over_the_first_scrapes(cluster: HealingClu
     assert done.tally.faults == whole.tally.faults and done.tally.faults["crash"] == 3
     assert done.tally.restarts == whole.tally.restarts
     assert render(families(done)) == render(families(whole))
+    # Once kept, a restarted controller computes none of it again: its first scrape has it.
+    restarted = collector(events_chunk=4, ended_chunk=1, catch_up_s=0.0).scrape()
+    assert restarted.goodput_behind == 0 and restarted.teams == whole.teams
+    assert restarted.cluster_sums == whole.cluster_sums
 
     # Caught up: more than a chunk's worth later is neither hidden nor left short.
     for team in ("vision", "speech"):
@@ -274,6 +285,41 @@ def test_a_job_submitted_after_the_scrape_read_the_jobs_counts_for_its_team(
     metrics._fold(0.0)  # the log is folded after the heads are read: this job is new to it
     assert metrics.tally.attempts["vision"] == 1
     assert "unknown" not in metrics.tally.attempts
+
+
+def test_an_ended_job_s_goodput_is_counted_while_the_store_cannot_keep_it(
+    cluster: HealingCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk when a job's goodput would be kept: the sums have it all the same, once,
+    and it is kept as soon as the store takes writes again."""
+    c = cluster
+    ctl = c.controller
+    metrics = _collector(ctl)
+    metrics.scrape()
+    job = c.submit(auto_resume=True, team="vision")
+    c.start(job)
+    c.tick(3.0)
+    c.finish(job)
+    c.tick(120.0)
+
+    def full(self: EndedGoodput, rows: Iterable[EndedGoodputRow]) -> list[int]:
+        raise StoreUnavailable("database or disk is full")
+
+    real = EndedGoodput.record
+    monkeypatch.setattr(EndedGoodput, "record", full)
+    during = metrics.scrape()
+    assert during.goodput_behind == 0 and during.teams["vision"].wall_s > 0
+    again = metrics.scrape()  # not counted twice while it waits
+    assert again.teams == during.teams
+    with ctl._lock:
+        assert EndedGoodput(ctl.store).by_team() == {}
+    monkeypatch.setattr(EndedGoodput, "record", real)
+    after = metrics.scrape()
+    assert after.teams == during.teams
+    with ctl._lock:
+        kept = EndedGoodput(ctl.store).by_team()
+    assert kept["vision"].wall_s == during.teams["vision"].wall_s
+    assert _collector(ctl).scrape().teams == during.teams  # a restart reads it back
 
 
 def _collector(ctl: Controller, **bounds: Any) -> ClusterMetrics:

@@ -7,6 +7,7 @@ row as soon as any of its joules came from a simulated device.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -58,6 +59,31 @@ class Energy:
         """Job id -> its energy, every attempt and node together (job 0: idle devices)."""
         sql = "SELECT job_id, SUM(joules), MAX(simulated) FROM energy GROUP BY job_id"
         return {int(j): EnergyTotal(float(e), bool(s)) for j, e, s in self._conn.execute(sql)}
+
+    def of_jobs(self, job_ids: Iterable[int]) -> dict[int, EnergyTotal]:
+        """:meth:`per_job` for these jobs only (those without energy left out)."""
+        sql = (
+            "SELECT e.job_id, SUM(e.joules), MAX(e.simulated) FROM energy e"
+            " JOIN json_each(?) i ON e.job_id = i.value GROUP BY e.job_id"
+        )
+        rows = self._conn.execute(sql, (json.dumps(list(job_ids)),))
+        return {int(j): EnergyTotal(float(e), bool(s)) for j, e, s in rows}
+
+    def per_team(self) -> dict[str | None, EnergyTotal]:
+        """Jobs' energy by their spec's team (None: a job without one; job 0 left out), in
+        one aggregate. A job no longer in the store is under ``"unknown"``."""
+        sql = (
+            "SELECT CASE WHEN j.id IS NULL THEN 'unknown' ELSE json_extract(j.spec, '$.team')"
+            " END, SUM(e.joules), MAX(e.simulated) FROM energy e"
+            " LEFT JOIN jobs j ON j.id = e.job_id WHERE e.job_id != ? GROUP BY 1"
+        )
+        rows = self._conn.execute(sql, (IDLE_JOB,))
+        return {t: EnergyTotal(float(e), bool(s)) for t, e, s in rows}
+
+    def total(self) -> EnergyTotal:
+        """Every row together, idle devices' included."""
+        row = self._conn.execute("SELECT SUM(joules), MAX(simulated) FROM energy").fetchone()
+        return EnergyTotal(float(row[0] or 0.0), bool(row[1]))
 
 
 def _row(r: tuple[int, int, str, float, int]) -> EnergyRow:

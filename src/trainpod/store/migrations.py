@@ -186,4 +186,23 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX idempotency_keys_age ON idempotency_keys(created_at);
     """,
+    # 11: ended jobs' goodput, computed once (ADR 0043): /metrics sums it in SQL instead of
+    # keeping every job in memory, and a restarted controller does not compute it again.
+    # The labels of the jobs gauge are counted from an index, not from every spec.
+    """
+    CREATE TABLE goodput_ended (
+        job_id INTEGER PRIMARY KEY,
+        team TEXT NOT NULL,
+        wall_s REAL NOT NULL,
+        productive_s REAL NOT NULL,
+        lost TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX jobs_ended_at ON jobs(ended_at);
+    CREATE INDEX jobs_labels ON jobs(
+        state,
+        json_extract(spec, '$.team'),
+        json_extract(spec, '$.priority_class'),
+        json_extract(spec, '$.partition')
+    );
+    """,
 ]

@@ -138,6 +138,26 @@ def job_labels(
     return [tuple(r) for r in rows]
 
 
+def job_counts(store: Store) -> list[tuple[JobState, str | None, str | None, str | None, int]]:
+    """(state, team, priority_class, partition, jobs) for every combination in the store:
+    one read of the ``jobs_labels`` index (migration 11), no spec decoded."""
+    rows = store.connection.execute(
+        "SELECT state, json_extract(spec, '$.team'), json_extract(spec, '$.priority_class'),"
+        " json_extract(spec, '$.partition'), COUNT(*) FROM jobs GROUP BY 1, 2, 3, 4"
+    )
+    return [(JobState(r[0]), r[1], r[2], r[3], int(r[4])) for r in rows]
+
+
+def recently_ended(store: Store, after: float) -> list[int]:
+    """The ended jobs that ended after ``after`` (a range of the ``ended_at`` index)."""
+    ended = [s.value for s in JobState if s.ended]
+    rows = store.connection.execute(  # no ORDER BY: SQLite would scan by id to avoid a sort
+        f"SELECT id FROM jobs WHERE ended_at > ? AND +state IN ({','.join('?' * len(ended))})",
+        (after, *ended),
+    )
+    return sorted(int(r[0]) for r in rows)
+
+
 def jobs_changed(store: Store, after: int | None) -> tuple[int, set[int]]:
     """The newest event id, and the jobs with an event above ``after`` up to it (None: no
     jobs, only the id): what changed since a reader's last look."""
