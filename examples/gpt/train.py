@@ -270,8 +270,40 @@ def write_summary(ckpt_dir: str, summary: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- training
 
 
+PRESETS: dict[str, dict[str, Any]] = {
+    # The GPU configuration (issue 13): ~0.3B parameters, bf16 autocast, compiled, fused
+    # AdamW; sized for one H100/H200-class GPU per rank. Any flag given after it wins.
+    "gpu-350m": {
+        "n_layer": 24,
+        "n_embd": 1024,
+        "n_head": 16,
+        "seq_len": 1024,
+        "batch_size": 16,
+        "dtype": "bf16",
+        "compile": True,
+        "fused_adamw": True,
+        "lr": 3e-4,
+    },
+}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help="a named configuration (gpu-350m: the GPU one); flags given too override it",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="bf16: the forward and backward under bf16 autocast (weights, grads and the "
+        "optimizer stay fp32, so checkpoints are the same either way)",
+    )
+    p.add_argument("--compile", action="store_true", help="torch.compile the model for training")
+    p.add_argument("--fused-adamw", action="store_true", help="AdamW's fused kernel")
     p.add_argument("--steps", type=int, default=200, help="total optimizer steps")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per rank per step")
     p.add_argument("--seq-len", type=int, default=128)
@@ -327,6 +359,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--threads", type=int, default=None, help="default: 1 if several ranks share a machine"
     )
+    known, _ = p.parse_known_args(argv)
+    if known.preset is not None:
+        p.set_defaults(**PRESETS[known.preset])
     return p.parse_args(argv)
 
 
@@ -370,7 +405,8 @@ def build(
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return model, torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
+    fused = {"fused": True} if args.fused_adamw else {}
+    return model, torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), **fused)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -450,6 +486,15 @@ def main(argv: list[str] | None = None) -> int:
         if distributed
         else model
     )
+    # Checkpoints always hold `model`'s own state (no `_orig_mod.` prefix from compile), so
+    # a compiled run and an eager one resume from each other's checkpoints.
+    forward: Any = torch.compile(ddp) if args.compile else ddp
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+    log(
+        f"precision {args.dtype}, {'compiled' if args.compile else 'eager'}, "
+        f"AdamW {'fused' if args.fused_adamw else 'foreach'}"
+        + ("" if device.type == "cuda" else " (CPU: no GPU here)")
+    )
 
     tokens_per_step = args.batch_size * args.seq_len * world
     t_start = t_log = time.perf_counter()
@@ -464,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args)
-        loss = ddp(x.to(device), y.to(device))
+        with autocast:
+            loss = forward(x.to(device), y.to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

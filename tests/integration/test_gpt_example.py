@@ -7,6 +7,7 @@ bitwise the loss of an uninterrupted one (model, optimizer and data position res
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -53,13 +54,15 @@ def _run(args: list[str], timeout: float = 150) -> subprocess.CompletedProcess[s
     return proc
 
 
-def _train(ckpt_dir: Path, steps: int, every: str = "3") -> subprocess.CompletedProcess[str]:
+def _train(
+    ckpt_dir: Path, steps: int, every: str = "3", extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     """One standalone run. Its shared-memory tier is a directory next to ``ckpt_dir`` (so
     that nothing is left in /dev/shm), the same for every run in that place."""
     memory = ckpt_dir.parent / "shm"
     cmd = [sys.executable, str(SCRIPT), "--steps", str(steps), "--ckpt-every", every]
     cmd += ["--ckpt-dir", str(ckpt_dir), "--ckpt-memory", str(memory)]
-    return _run([*cmd, *TINY])
+    return _run([*cmd, *TINY, *extra], timeout=400 if "--compile" in extra else 150)
 
 
 def _resume_lines(out: str) -> list[str]:
@@ -189,3 +192,21 @@ def test_torchrun_two_processes(tmp_path: Path) -> None:
     assert summary["world_size"] == 2
     assert summary["final_step"] == 4
     assert _committed(ckpt_dir) == [2, 4]
+
+
+@pytest.mark.timeout(600)  # torch.compile on a 2-core CPU: tens of seconds
+def test_the_gpu_configuration_s_switches_run_here_and_resume_eager(tmp_path: Path) -> None:
+    """The switches of the gpu-350m preset (bf16 autocast, torch.compile, fused AdamW) on a
+    tiny model on this CPU (no GPU here): a compiled run's checkpoint holds the model's own
+    state (no ``_orig_mod.`` keys), so an eager run resumes from it and goes on."""
+    ckpt = tmp_path / "ckpt"
+    gpu = ("--dtype", "bf16", "--fused-adamw")
+    compiled = _train(ckpt, 4, every="2", extra=(*gpu, "--compile"))
+    assert "precision bf16, compiled, AdamW fused (CPU: no GPU here)" in compiled.stdout
+    assert _committed(ckpt)[-1] == 4
+    eager = _train(ckpt, 6, every="2", extra=gpu)
+    assert "precision bf16, eager, AdamW fused" in eager.stdout
+    assert _resume_lines(eager.stdout)[0].startswith("resuming from step 4"), eager.stdout
+    done = _summary(ckpt)
+    assert done["final_step"] == 6 and done["steps_this_run"] == 2
+    assert math.isfinite(done["final_loss"])
