@@ -47,10 +47,21 @@ class ByteBoundedCache(Generic[K, V]):
                 return
             self._entries[key] = (value, size)
             self._bytes += size
-            while self._bytes > self.max_bytes:
-                _, (_, gone) = self._entries.popitem(last=False)
-                self._bytes -= gone
-                self.evicted += 1
+            self._evict()
+
+    def resize(self, max_bytes: int) -> None:
+        """A new bound; the oldest entries go at once while the sum is over it."""
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be at least 0, not {max_bytes}")
+        with self._lock:
+            self.max_bytes = max_bytes
+            self._evict()
+
+    def _evict(self) -> None:
+        while self._bytes > self.max_bytes:
+            _, (_, gone) = self._entries.popitem(last=False)
+            self._bytes -= gone
+            self.evicted += 1
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries

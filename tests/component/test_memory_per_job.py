@@ -64,6 +64,7 @@ def test_the_controller_keeps_nothing_per_ended_job(
         tmp_path, groups=(FakeGroup("workers", 2, devices=1),), view_cache_bytes=SMALL
     )
     c = Cluster(cfg, tmp_path / "state.db", FakeClock())
+    models._SEALED.resize(SMALL)  # the controller sized it for its 2 nodes (2 MiB)
     try:
         c.up()
         _run(c, 150)  # the caches full, the structures of a running controller grown

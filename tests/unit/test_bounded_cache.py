@@ -6,6 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainpod.api.heartbeat import reply_bytes_for
+from trainpod.api.models import sealed_bytes_for
 from trainpod.bounded import ByteBoundedCache
 
 
@@ -61,3 +63,31 @@ def test_kept_entries_are_the_newest_that_fit(bound: int, puts: list[tuple[int, 
     order = sorted(latest, key=lambda k: latest[k][0])
     first_kept = next((i for i, k in enumerate(order) if k in kept), len(order))
     assert all(k in kept or latest[k][1] > bound for k in order[first_kept:])
+
+
+def test_a_smaller_bound_lets_the_oldest_go_at_once() -> None:
+    c: ByteBoundedCache[str, int] = ByteBoundedCache(30)
+    for i, key in enumerate("abc"):
+        c.put(key, i, 10)
+    c.resize(15)
+    assert (list(k for k in "abc" if k in c), c.bytes, c.evicted) == (["c"], 10, 2)
+    c.resize(100)
+    c.put("d", 3, 60)
+    assert "c" in c and "d" in c
+    with pytest.raises(ValueError, match="at least 0"):
+        c.resize(-1)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "sealed", "replies"),
+    [
+        (1, 2 << 20, 1 << 20),
+        (2, 2 << 20, 1 << 20),
+        (256, 8 << 20, 4 << 20),
+        (1024, 32 << 20, 16 << 20),
+        (10_000, 32 << 20, 16 << 20),
+    ],
+)
+def test_the_orders_caches_follow_the_cluster_s_size(nodes: int, sealed: int, replies: int) -> None:
+    assert sealed_bytes_for(nodes) == sealed
+    assert reply_bytes_for(nodes) == replies

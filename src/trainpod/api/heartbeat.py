@@ -77,7 +77,7 @@ class BeatRunner:
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None  # started by the first beat
         self._start = threading.Lock()
-        self._replies = ReplyCache()
+        self._replies = ReplyCache(reply_bytes_for(len(controller.cfg.nodes)))
         self._parked: dict[int, _Parked] = {}  # id(poll) -> poll
         self._parked_lock = threading.Lock()  # _parked, _recheck_queued
         self._recheck_queued = False
@@ -244,6 +244,17 @@ def _settle(replies: list[_Reply]) -> None:
 
 
 REPLY_CACHE_BYTES = 16 << 20
+REPLY_BYTES_PER_NODE = 16 << 10
+REPLY_BYTES_MIN = 1 << 20
+
+
+def reply_bytes_for(nodes: int) -> int:
+    """The encoded replies' bound for a cluster of ``nodes``: each node's current reply kept,
+    from REPLY_BYTES_MIN to REPLY_CACHE_BYTES (1,024 nodes), as the sealed orders' is
+    (:func:`trainpod.api.models.sealed_bytes_for`)."""
+    return max(REPLY_BYTES_MIN, min(REPLY_CACHE_BYTES, nodes * REPLY_BYTES_PER_NODE))
+
+
 _ENTRY_BYTES = 128  # a kept body's own overhead: the bytes object, its key and dict slot
 
 

@@ -313,8 +313,23 @@ SEALED_BYTES_PER_CHAR = 4
 """A kept entry weighs about four times its key: the key itself (the orders' JSON) and the
 orders as models, which take about three times their JSON (as job specs do: see
 ``trainpod.controller.views``)."""
+SEALED_BYTES_PER_NODE = 32 << 10
+"""About six launch orders a node: every node's current orders stay kept, whatever the size."""
+SEALED_BYTES_MIN = 2 << 20
 _SEALED: ByteBoundedCache[str, Orders] = ByteBoundedCache(SEALED_BYTES)
 """Orders' JSON (unhashed fields excluded) -> them, sealed."""
+
+
+def sealed_bytes_for(nodes: int) -> int:
+    """The sealed orders' bound for a cluster of ``nodes``: what a hit needs is each node's
+    current orders, so the bound follows the nodes, from SEALED_BYTES_MIN to SEALED_BYTES
+    (1,024 nodes); a small cluster does not keep 32 MiB of orders no node holds any more."""
+    return max(SEALED_BYTES_MIN, min(SEALED_BYTES, nodes * SEALED_BYTES_PER_NODE))
+
+
+def size_sealed_orders(nodes: int) -> None:
+    """Bound the process's sealed orders for a cluster of ``nodes`` (the controller's start)."""
+    _SEALED.resize(sealed_bytes_for(nodes))
 
 
 # -- public API ---------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from trainpod.api.models import (
     NodeAction,
     NodeInfo,
     Orders,
+    size_sealed_orders,
 )
 from trainpod.clock import Clock, SystemClock
 from trainpod.controller.access import Access, Action, Principal, owned_by
@@ -118,6 +119,7 @@ class Controller:
         self.beats = Beats(lock, store, clock, self.wake, tx, intake, orders, self.passes)
         self.energy = EnergyViews(store, cfg, tx, lock, telemetry)
         self.metrics = ClusterMetrics(store, cfg, lock, beacons, telemetry, planner, clock.now)
+        size_sealed_orders(len(cfg.nodes))
         self.operators = Operators(store, tx, sched, executor, repair)
         self.allocations = Allocations(store, cfg, tx, ports, leases=sched.leases_allocations)
         self.jobs = jobs = JobCommands(
