@@ -5,6 +5,8 @@ notice file, a real single-process Trainer), its beacons, and the choice of the 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +114,69 @@ def test_the_runner_names_a_missing_script_and_its_usage(tmp_path: Path) -> None
         run([str(tmp_path / "nope.py")])
     with pytest.raises(SystemExit, match="usage"):
         run([])
+
+
+STANDALONE = """
+import sys
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, _):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+torch.manual_seed(0)
+data = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=4)
+trainer = pl.Trainer(
+    max_steps=int(sys.argv[1]), accelerator="cpu", devices=1, logger=False,
+    enable_progress_bar=False, enable_model_summary=False, default_root_dir=sys.argv[2],
+    callbacks=[ModelCheckpoint(dirpath=sys.argv[2] + "/ck", save_last=True, every_n_train_steps=2)],
+)
+trainer.fit(Tiny(), data)
+names = sorted(type(c).__name__ for c in trainer.callbacks)
+print("callbacks", names, "step", trainer.global_step)
+"""
+
+
+def test_a_standalone_pytorch_lightning_script_runs_and_resumes_under_the_runner(
+    tmp_path: Path,
+) -> None:
+    """``import pytorch_lightning`` (the standalone package) under the runner gets
+    ``lightning.pytorch``: the callback is added to its Trainer, and a second run resumes
+    from the first one's ``last.ckpt``."""
+    script = tmp_path / "standalone.py"
+    script.write_text(STANDALONE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "SLURM_"))}
+    runner = [sys.executable, "-m", "trainpod.integrations.lightning", str(script)]
+
+    def run_for(steps: int) -> str:
+        proc = subprocess.run(
+            [*runner, str(steps), str(tmp_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    first = run_for(4)
+    assert "trainpod: pytorch_lightning is run as lightning.pytorch" in first
+    assert "TrainpodCallback" in first and "step 4" in first, first
+    assert "trainpod: resuming" not in first
+    second = run_for(6)
+    assert f"trainpod: resuming from {tmp_path / 'ck' / 'last.ckpt'}" in second, second
+    assert "step 6" in second

@@ -7,6 +7,8 @@ Two ways in (ADR 0029):
   every ``Trainer`` it builds and, when the script calls ``fit`` without a ``ckpt_path``, the
   newest *verified* ``last*.ckpt`` of its own ``ModelCheckpoint`` callbacks handed to ``fit``
   as ``ckpt_path`` (none on a first run). ``-m package.module`` works in place of a path.
+  A script written for the standalone ``pytorch_lightning`` package runs too: under the
+  runner that name imports ``lightning.pytorch`` (:class:`_StandaloneAlias`).
 * **One line in a script**: ``Trainer(callbacks=[..., TrainpodCallback()])``. The callback is
   an ``OnExceptionCheckpoint``, so Lightning's own rule makes ``fit(ckpt_path=None)`` mean
   ``ckpt_path="last"`` (the newest ``last*.ckpt`` of the script's ``ModelCheckpoint``).
@@ -28,6 +30,8 @@ Outside trainpod the callback does nothing but checkpoint on a notice it will ne
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
 import runpy
 import sys
@@ -261,6 +265,40 @@ def _patch_trainer(trainer_cls: type[pl.Trainer]) -> None:
     trainer_cls._trainpod_patched = True  # type: ignore[attr-defined]
 
 
+class _StandaloneAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``pytorch_lightning`` (the standalone package) imported as ``lightning.pytorch``.
+
+    The two are one code base published twice, as separate class hierarchies: a
+    ``pytorch_lightning.Trainer`` takes no ``lightning.pytorch`` callback. Under the runner a
+    script that imports ``pytorch_lightning`` (``import pytorch_lightning as pl``,
+    ``from pytorch_lightning.callbacks import ModelCheckpoint``) gets ``lightning.pytorch``'s
+    modules instead, the same API, so its Trainer is the one patched and the callback fits.
+    Its checkpoints are Lightning's either way. Whether the standalone package is installed
+    does not matter; its version is then ``lightning``'s."""
+
+    PREFIX = "pytorch_lightning"
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.PREFIX and not fullname.startswith(self.PREFIX + "."):
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: Any) -> Any:
+        real = "lightning.pytorch" + spec.name[len(self.PREFIX) :]
+        if spec.name == self.PREFIX and os.environ.get("RANK", "0") == "0":
+            print("trainpod: pytorch_lightning is run as lightning.pytorch", flush=True)
+        return importlib.import_module(real)
+
+    def exec_module(self, module: Any) -> None:
+        pass  # the real module is imported already
+
+
+def _alias_standalone() -> None:
+    """Install :class:`_StandaloneAlias` first on ``sys.meta_path`` (once)."""
+    if not any(isinstance(f, _StandaloneAlias) for f in sys.meta_path):
+        sys.meta_path.insert(0, _StandaloneAlias())
+
+
 USAGE = "usage: python -m trainpod.integrations.lightning SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"
 
 
@@ -270,6 +308,7 @@ def run(argv: Sequence[str]) -> None:
     if not args or args[0] in ("-h", "--help") or (args[:1] == ["-m"] and len(args) < 2):
         raise SystemExit(USAGE)
     _patch_trainer(pl.Trainer)
+    _alias_standalone()
     if args[0] == "-m":
         sys.argv = [args[1], *args[2:]]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
