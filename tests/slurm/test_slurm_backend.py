@@ -8,6 +8,7 @@ exact only when no step was lost or done twice across restarts.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import re
@@ -196,6 +197,10 @@ def test_a_two_node_job_runs_through_sbatch_and_completes(cluster: SlurmCluster)
     assert sj["name"] == f"tp-sl-{job.id}"
     kinds = [k for k, _ in cluster.events(job.id)]
     assert "external_submitted" in kinds and "node_allocated" in kinds
+    # Each agent's own log file, beside the job's Slurm output, has its last words.
+    for node in set(ranks.values()):
+        log = (cluster.paths.jobs_dir / str(job.id) / f"agent-{node}.log").read_text()
+        assert "order: leave (the allocation's job ended), exit code 0" in log, log[-1500:]
 
 
 def test_a_secret_env_value_reaches_the_ranks_but_not_the_batch_script(
@@ -271,6 +276,17 @@ def test_cancel_scancels_the_slurm_job(cluster: SlurmCluster) -> None:
     cluster.slurm.wait_job(
         int(job.external), frozenset({"CANCELLED"}), timeout_s=t.deadline(t.end_s)
     )
+    # scancel ends srun with the agents: their log files still have what they said then
+    logs = sorted((cluster.paths.jobs_dir / str(job.id)).glob("agent-*.log"))
+    assert len(logs) == 2, logs
+    for path in logs:
+        wait_until(functools.partial(_said_goodbye, path), timeout_s=30, what=f"{path.name} end")
+
+
+def _said_goodbye(path: Path) -> bool:
+    """The agent's log has its leaving: the controller's order, or Slurm's signal."""
+    text = path.read_text()
+    return any(w in text for w in ("order: leave", "signal 15: stopping", "SIGTERM: asking"))
 
 
 # -- recovery -----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -35,6 +36,8 @@ from trainpod.notice import ENV_SIGNAL, parse_signal
 from trainpod.paths import ClusterPaths, ClusterRecord, read_secret
 from trainpod.spec.loading import load_recorded_spec
 
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="trainpod-agent")
@@ -44,15 +47,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--address", default="127.0.0.1")
     parser.add_argument("--allocation", type=int, help="Slurm: the trainpod job it serves")
     parser.add_argument("--group", help="Slurm: the instance group this node belongs to")
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        help="also write the log to DIR/agent-NODE.log (appended; Slurm: the job's dir, so "
+        "that the last lines are on disk when the allocation ends, whatever srun relays)",
+    )
     args = parser.parse_args(argv)
     slurm = slurm_allocation(args)
     slurm_notice_file = os.environ.pop(SLURM_NOTICE_ENV, None)  # the batch script's trap
     args.node = args.node or os.environ.get("SLURMD_NODENAME")
     if not args.node:
         parser.error("--node is required outside a Slurm job ($SLURMD_NODENAME is not set)")
+    if not _NODE_NAME.fullmatch(args.node):
+        parser.error(
+            f"node name {args.node!r}: use letters, digits, '.', '_' and '-' (it names the "
+            "node's directory and log file)"
+        )
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if args.log_dir is not None:
+        args.log_dir.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(args.log_dir / f"agent-{args.node}.log"))
     logging.basicConfig(
         level=os.environ.get("TRAINPOD_LOG_LEVEL", "INFO"),
         format=f"%(asctime)s %(levelname)s [{args.node}] %(name)s: %(message)s",
+        handlers=handlers,
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat is noise
     state_dir: Path = args.state_dir.absolute()

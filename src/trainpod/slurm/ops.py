@@ -63,6 +63,8 @@ class SlurmOps(ClusterOps):
             str(job_id),
             "--group",
             s.groups[part],
+            "--log-dir",
+            str(s.jobs_dir / str(job_id)),
         )
         return BatchRequest(
             cluster=s.cluster,

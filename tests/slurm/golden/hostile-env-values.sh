@@ -24,7 +24,7 @@ echo "trainpod: allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST (restart ${SLURM
 pids=()
 for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
   srun --nodes=1 --ntasks=1 --nodelist="$node" --no-kill --unbuffered \
-    '/opt/py 3/bin/python' -m trainpod.agent.main --state-dir '/srv/tp/st'"'"'a te $(touch canary) `touch canary`' --allocation 5 --group workers &
+    '/opt/py 3/bin/python' -m trainpod.agent.main --state-dir '/srv/tp/st'"'"'a te $(touch canary) `touch canary`' --allocation 5 --group workers --log-dir '/srv/tp/jobs $(touch canary)/5' &
   pids+=("$!")
 done
 status=1

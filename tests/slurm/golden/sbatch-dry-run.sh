@@ -27,7 +27,7 @@ echo "trainpod: allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST (restart ${SLURM
 pids=()
 for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
   srun --nodes=1 --ntasks=1 --nodelist="$node" --no-kill --unbuffered \
-    $PYTHON -m trainpod.agent.main --state-dir $STATE --allocation 0 --group workers &
+    $PYTHON -m trainpod.agent.main --state-dir $STATE --allocation 0 --group workers --log-dir $STATE/jobs/0 &
   pids+=("$!")
 done
 status=1
