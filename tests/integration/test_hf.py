@@ -69,8 +69,18 @@ def reference_run(script: Path, args: list[str], workdir: Path) -> dict[str, obj
     p = subprocess.run(
         cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=240, check=False
     )
-    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    said = f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    assert p.returncode == 0 or teardown_abort(p.stdout, p.stderr), said
     return final(p.stdout)
+
+
+def teardown_abort(stdout: str, stderr: str) -> bool:
+    """torchrun failed only because a rank aborted in its interpreter's teardown, after the
+    script had printed its final line: a script that never calls ``destroy_process_group``
+    (HF's ``Trainer`` does not) may die of SIGABRT in Gloo's teardown
+    (pytorch/pytorch#179291), under torchrun as under trainpod. The run's result stands."""
+    aborted = "terminate called without an active exception" in stderr
+    return aborted and "exitcode  : -6" in stderr and "\nfinal {" in f"\n{stdout}"
 
 
 def submit(cluster: Cluster, argv: list[str]) -> JobInfo:
