@@ -315,6 +315,23 @@ def test_a_user_error_that_aborts_in_its_teardown_is_still_the_same_failure(
     cluster.wait_idle()
 
 
+def test_a_finished_run_whose_rank_aborts_in_its_teardown_completes_without_a_restart(
+    cluster: Cluster,
+) -> None:
+    # rank 1 dies of SIGABRT at its interpreter's teardown after the run finished, a second
+    # before rank 0 exits 0 (pytorch/pytorch#179291, ADR 0044): one attempt, completed
+    t = train(cluster, extra=("--teardown-abort-rank", "1"))
+    done = t.wait()
+    assert done.state == "completed", (done.reason, done.attempts)
+    assert [(a.number, a.state) for a in done.attempts] == [(1, "succeeded")]
+    assert "rank 1 aborted (SIGABRT) in its interpreter's teardown" in done.reason
+    exited = t.events("rank_exited")
+    exits = {e.data["rank"]: (e.data["exit_code"], e.data["signal"]) for e in exited}
+    assert exits == {0: (0, None), 1: (None, 6)}, exits
+    assert t.events("fault_detected") == [] and t.events("recovery_decision") == []
+    cluster.wait_idle()
+
+
 def test_a_user_error_is_recognised_whichever_rank_reports_it_first(cluster: Cluster) -> None:
     t = train(cluster, extra=("--fail-at", "3", "--fail-first", "rotate"))
     decided = wait_until(

@@ -279,3 +279,53 @@ def test_judge_does_not_mutate_its_inputs() -> None:
     before = (replace(a), [replace(r) for r in ranks])
     judged(a, ranks, tails={1: "x"})
     assert (a, ranks) == before
+
+
+# -- a rank that aborted in its interpreter's teardown (pytorch/pytorch#179291, ADR 0044) ----
+ABORT = 6
+
+
+def test_a_teardown_abort_after_every_other_rank_exited_0_is_a_success() -> None:
+    ranks = [exited(0, signal=ABORT), exited(1), exited(2), exited(3)]
+    v = judged(attempt(), ranks, teardown=frozenset({0}), now=20.0)
+    assert v is not None and v.state is A.SUCCEEDED and v.failure.empty
+    assert "rank 0 aborted (SIGABRT) in its interpreter's teardown" in v.note
+    assert "pytorch/pytorch#179291" in v.note
+
+
+def test_a_teardown_abort_waits_for_the_running_ranks_then_succeeds_with_them() -> None:
+    first = [exited(0, signal=ABORT, ended_at=10.0), rank(1), rank(2), rank(3)]
+    assert judged(attempt(), first, teardown=frozenset({0}), now=12.0) is None
+    later = [first[0], exited(1), exited(2), exited(3)]
+    v = judged(attempt(), later, teardown=frozenset({0}), now=13.0)
+    assert v is not None and v.state is A.SUCCEEDED
+
+
+def test_a_teardown_abort_whose_peers_do_not_end_in_time_is_the_failure_it_looks_like() -> None:
+    ranks = [exited(0, signal=ABORT, ended_at=10.0), rank(1), rank(2), rank(3)]
+    v = judged(attempt(), ranks, teardown=frozenset({0}), now=40.0, teardown_abort_wait_s=30.0)
+    assert v is not None and v.state is A.STOPPING and v.cause == CAUSE_RANK_FAILED
+    assert v.failure.rank == 0 and v.failure.signal == ABORT
+
+
+def test_a_teardown_abort_with_a_peer_that_failed_is_a_failure() -> None:
+    ranks = [exited(0, signal=ABORT, ended_at=10.0), exited(1, 1, ended_at=11.0), exited(2)]
+    v = judged(attempt(), [*ranks, exited(3)], teardown=frozenset({0}), now=12.0)
+    assert v is not None and v.state is A.FAILED and v.failure.rank == 0
+
+
+def test_a_lone_rank_s_teardown_abort_has_no_peer_to_vouch_for_it() -> None:
+    v = judged(attempt(), [exited(0, signal=ABORT)], teardown=frozenset({0}), now=20.0)
+    assert v is not None and v.state is A.FAILED and v.failure.signal == ABORT
+
+
+def test_a_sigabrt_not_judged_a_teardown_abort_fails_at_once() -> None:
+    ranks = [exited(0, signal=ABORT, ended_at=10.0), rank(1)]
+    v = judged(attempt(), ranks, now=10.5)
+    assert v is not None and v.state is A.STOPPING
+
+
+def test_a_cancel_is_not_held_by_a_teardown_abort() -> None:
+    ranks = [exited(0, signal=ABORT, ended_at=10.0), rank(1)]
+    v = judged(attempt(), ranks, teardown=frozenset({0}), now=10.5, cancel_requested=True)
+    assert v is not None and v.state is A.STOPPING and v.cause == CAUSE_CANCEL

@@ -18,6 +18,7 @@ from trainpod.controller.policy import (
     Wait,
     crash_signature,
     decide,
+    teardown_abort,
 )
 
 K = FaultKind
@@ -401,6 +402,18 @@ def test_a_script_that_raised_is_known_by_its_exception_however_its_process_ende
     assert crash_signature(None, 11, segv) == raised
     # the rank prefix is torch's, not the failure's: rank 1 failing first is the same failure
     assert crash_signature(1, None, TRACEBACK.replace("[rank0]", "[rank1]")) == raised
+
+
+def test_a_teardown_abort_is_sigabrt_with_libstdcxx_s_last_words_and_no_traceback() -> None:
+    done = "step 30 loss 4.70\nfinal {}\n[rank1]: terminate called without an active exception\n"
+    assert teardown_abort(6, done)
+    assert teardown_abort(6, done + "\n\n")  # blank lines after it do not count
+    assert not teardown_abort(9, done)  # a kill from outside
+    assert not teardown_abort(None, done)
+    assert not teardown_abort(6, "step 30 loss 4.70\n")  # aborted with nothing said
+    assert not teardown_abort(6, done + "Fatal Python error: Aborted\n")  # said more after
+    # a script that raised and then aborted in its teardown raised: a failure, whatever ends it
+    assert not teardown_abort(6, TRACEBACK + "terminate called without an active exception\n")
 
 
 def test_the_last_traceback_is_the_one_that_ended_the_script() -> None:

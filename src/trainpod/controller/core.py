@@ -239,6 +239,7 @@ class Controller:
             self.watchdog.progress(now)
             self.repair.step(now)
             self.executor.recovery_deadlines(now)
+            self.executor.teardown_deadlines(now)
             self.executor.retry_waiting(now)
             for job_id in self.allocations.expired(now):
                 self.cancel(job_id)

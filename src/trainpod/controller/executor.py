@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from signal import SIGABRT
 from typing import Any, cast
 
 from trainpod.controller import judge as judging
@@ -30,6 +31,7 @@ from trainpod.controller.policy import (
     Wait,
     crash_signature,
     decide,
+    teardown_abort,
 )
 from trainpod.controller.rung import InProcessRung
 from trainpod.controller.transitions import HEALTHY_NODE_STATES, HELD_NODE_STATES, Transitions
@@ -39,13 +41,14 @@ from trainpod.model.events import (
     FaultDetected,
     JobFirstStart,
     JobPreempted,
+    RankExited,
     RecoveryDecision,
 )
 from trainpod.model.failures import Classified, Failure, RepairState
-from trainpod.model.states import AttemptState, JobState, NodeState
+from trainpod.model.states import AttemptState, JobState, NodeState, RankState
 from trainpod.scheduler.base import Hold, Place, Preempt, SchedulerDecision
 from trainpod.store.repo import Store
-from trainpod.store.rows import AttemptRow, JobRow, NodeRow
+from trainpod.store.rows import AttemptRow, JobRow, NodeRow, RankRow
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,10 @@ class Executor:
     """Why each queued job waits, as the scheduler said on its last pass."""
     rung: InProcessRung = field(init=False)
     """The in-process rung (ADR 0026), applied before the judge sees a rank's failure."""
+    teardown_waits: set[int] = field(default_factory=set, init=False)
+    """Attempts whose judge waits on the other ranks of a teardown abort (ADR 0044)."""
+    _aborts: dict[tuple[int, int], bool] = field(default_factory=dict, init=False)
+    """(attempt, rank) -> whether that rank's SIGABRT was a teardown abort."""
 
     def __post_init__(self) -> None:
         self.rung = InProcessRung(self.store, self.cfg, self.tx, self.beacons, self.free_nodes)
@@ -118,15 +125,24 @@ class Executor:
             left = self._restarts_left(job)
             recovering = self.rung.recovering(attempt, ranks, left, now, tails)
             attempt = self.store.attempt(attempt_id) or attempt
+        teardown = self._teardown_aborts(attempt, ranks, tails)
         verdict = judging.judge(
             attempt,
             ranks,
             cancel_requested=job.cancel_requested,
             tails=tails,
             recovering=recovering,
+            teardown=teardown,
+            now=now,
         )
         if verdict is None:
+            if teardown:
+                self.teardown_waits.add(attempt.id)
             return
+        self.teardown_waits.discard(attempt.id)
+        if verdict.state.ended:
+            for r in ranks:
+                self._aborts.pop((attempt.id, r.rank), None)
         fields: dict[str, Any] = {}
         if verdict.state is AttemptState.RUNNING:
             fields["started_at"] = now
@@ -138,6 +154,38 @@ class Executor:
         ended = self.store.attempt(attempt.id)
         assert ended is not None
         self._after_attempt(self.tx.job(job.id), ended, verdict, now)
+
+    def teardown_deadlines(self, now: float) -> None:
+        """Judge again the attempts that wait on a teardown abort: past the wait it fails."""
+        for attempt_id in sorted(self.teardown_waits):
+            self.teardown_waits.discard(attempt_id)
+            self.reconcile(attempt_id, now, {})
+
+    def _teardown_aborts(
+        self, attempt: AttemptRow, ranks: list[RankRow], tails: dict[int, str]
+    ) -> frozenset[int]:
+        """The ranks of ``attempt`` that aborted in their teardown (:func:`teardown_abort`),
+        from this report's tails or, for a rank reported earlier, its ``rank_exited`` event."""
+        found: set[int] = set()
+        for r in ranks:
+            if r.state is not RankState.EXITED or r.signal != SIGABRT:
+                continue
+            key = (attempt.id, r.rank)
+            if key not in self._aborts:
+                tail = tails.get(r.rank)
+                if tail is None:
+                    tail = self._exit_tail(attempt, r.rank)
+                self._aborts[key] = teardown_abort(r.signal, tail)
+            if self._aborts[key]:
+                found.add(r.rank)
+        return frozenset(found)
+
+    def _exit_tail(self, attempt: AttemptRow, rank: int) -> str:
+        for e in reversed(self.store.typed_events(job_id=attempt.job_id)):
+            ev = e.event
+            if isinstance(ev, RankExited) and ev.attempt == attempt.number and ev.rank == rank:
+                return ev.log_tail or ""
+        return ""
 
     def recovery_deadlines(self, now: float) -> None:
         """In-process recoveries past their deadline fall back to a full restart."""
@@ -192,7 +240,7 @@ class Executor:
         self._log_progress(attempt, now)
         if state is AttemptState.SUCCEEDED:
             self.tx.release_all(job.id, now)
-            self.tx.set_job(job, JobState.COMPLETED, now, reason="")
+            self.tx.set_job(job, JobState.COMPLETED, now, reason=verdict.note)
         elif state is AttemptState.CANCELLED:
             self.tx.release_all(job.id, now)
             self.tx.set_job(job, JobState.CANCELLED, now, reason="cancelled by request")

@@ -8,12 +8,21 @@ policy's call, not this module's.
 
 A rank being started again by an in-process recovery (``recovering``, ADR 0026) is neither
 failed nor ended: its attempt goes on while the recovery lasts.
+
+A rank that aborted in its interpreter's teardown (``teardown``: SIGABRT with
+libstdc++'s "terminate called without an active exception" and no traceback, ADR 0044) is
+not a failure yet: a script that never destroyed its Gloo process group may die so after
+finishing (pytorch/pytorch#179291). When every other rank exited 0, they all ran their
+collectives to the end with it, and the attempt succeeded; while others still run it waits
+up to ``teardown_abort_wait_s`` after the abort; if another rank fails, or the wait runs
+out, or no other rank can vouch for it (a world of one), it is the failure it looks like.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from trainpod.model.failures import Failure
 from trainpod.model.states import AttemptState, RankState
@@ -28,11 +37,17 @@ RANK_EXIT_KEYS = frozenset({"rank", "node", "exit_code", "signal", "lost", "log_
 """The keys a rank's failure record always has (``exit_code`` or ``signal`` null)."""
 
 
+TEARDOWN_ABORT_WAIT_S = 30.0
+"""How long a rank's teardown abort waits for the others to end before it is a failure."""
+
+
 @dataclass(frozen=True)
 class Verdict:
     state: AttemptState
     cause: str = ""
     failure: Failure = field(default_factory=Failure)
+    note: str = ""
+    """For humans, on a success that forgave a teardown abort: which rank, and why."""
 
 
 def first_failure(ranks: Sequence[RankRow], tails: dict[int, str]) -> Failure | None:
@@ -59,6 +74,9 @@ def judge(
     cancel_requested: bool,
     tails: dict[int, str] | None = None,
     recovering: frozenset[int] = frozenset(),
+    teardown: frozenset[int] = frozenset(),
+    now: float | None = None,
+    teardown_abort_wait_s: float = TEARDOWN_ABORT_WAIT_S,
 ) -> Verdict | None:
     """The attempt's next state, or None when it stays as it is."""
     if attempt.state.ended:
@@ -68,6 +86,12 @@ def judge(
         ranks = [r for r in ranks if r.rank not in recovering]
         if not ranks:
             return None
+    if attempt.state is not AttemptState.STOPPING and not cancel_requested:
+        forgiven = _teardown_aborts(ranks, teardown, now, teardown_abort_wait_s)
+        if forgiven == "wait":
+            return None
+        if forgiven is not None:
+            return forgiven
     all_ended = all(r.state.ended for r in ranks)
     # Teardown waits only for ranks that started: once an attempt stops, its nodes get kill
     # orders instead of launch orders, so a pending rank never starts (and an agent that
@@ -97,6 +121,31 @@ def judge(
         r.state is not RankState.PENDING for r in ranks
     ):
         return Verdict(AttemptState.RUNNING)
+    return None
+
+
+def _teardown_aborts(
+    ranks: Sequence[RankRow], teardown: frozenset[int], now: float | None, wait_s: float
+) -> Verdict | Literal["wait"] | None:
+    """A success, "wait", or None (judge the ranks as usual) for teardown aborts."""
+    aborted = [r for r in ranks if r.rank in teardown and r.state is RankState.EXITED]
+    aborted = [r for r in aborted if r.failed]
+    if not aborted:
+        return None
+    others = [r for r in ranks if r.rank not in teardown]
+    if not others or any(r.failed for r in ranks if r not in aborted):
+        return None
+    if all(r.state is RankState.EXITED for r in others):  # and none failed: all exited 0
+        which = ", ".join(str(r.rank) for r in aborted)
+        note = (
+            f"rank {which} aborted (SIGABRT) in its interpreter's teardown after every other "
+            "rank exited 0: a process group never destroyed (pytorch/pytorch#179291); "
+            "counted as a success"
+        )
+        return Verdict(AttemptState.SUCCEEDED, note=note)
+    first = min((r.ended_at for r in aborted if r.ended_at is not None), default=None)
+    if now is None or first is None or now - first < wait_s:
+        return "wait"
     return None
 
 

@@ -190,6 +190,23 @@ def crash_signature(exit_code: int | None, signal: int | None, log_tail: str) ->
     return f"code={exit_code} signal={signal} last={said[-1]}"
 
 
+TEARDOWN_TERMINATE = "terminate called without an active exception"
+"""libstdc++'s last words when a joinable ``std::thread`` is destroyed: Gloo's worker threads
+met by the interpreter's finalization (pytorch/pytorch#179291)."""
+
+
+def teardown_abort(signal: int | None, log_tail: str) -> bool:
+    """A rank that aborted in its interpreter's teardown, not in its work: SIGABRT, its log's
+    last line libstdc++'s :data:`TEARDOWN_TERMINATE`, and no Python traceback before it (one
+    that raised is a failure, whatever ends it). Whether that was after a finished run only
+    its peers can tell: :func:`trainpod.controller.judge.judge` asks them."""
+    if signal != SIGABRT:
+        return False
+    lines = [_RANK_PREFIX.sub("", line, count=1).strip() for line in log_tail.splitlines()]
+    said = [line for line in lines if line]
+    return bool(said) and said[-1] == TEARDOWN_TERMINATE and _raised(lines) is None
+
+
 def _raised(lines: Sequence[str]) -> str | None:
     """The exception line of the last Python traceback in ``lines`` (its first unindented
     line after the header), or None when there is none or the tail cut it off."""

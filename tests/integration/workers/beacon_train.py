@@ -2,6 +2,7 @@
 
 argv: --steps N --ckpt-every K [--ckpt-dir DIR] [--step-s S] [--sync-every M]
 [--fail-at STEP [--fail-first RANK|rotate] [--abort-on-attempt A]] [--tensorboard]
+[--teardown-abort-rank R]
 
 ``--tensorboard``: rank 0 also writes ``value`` per step with torch's own ``SummaryWriter``
 into ``$TRAINPOD_TENSORBOARD_DIR/script`` (``purge_step`` = the resumed step; flushed at each
@@ -24,6 +25,10 @@ rank ``(attempt - 1) % world``) at once and the others a second later, so which 
 first is known. ``--abort-on-attempt A``: on attempt A every rank that raises then aborts
 (SIGABRT) in its interpreter's teardown, after its traceback is printed, as a Gloo or NCCL
 script that never destroyed its process group may (pytorch/pytorch#179291).
+``--teardown-abort-rank R``: after a finished run rank R dies as such a script may in its
+teardown, at once (libstdc++'s ``terminate called without an active exception``, then
+SIGABRT: the message and the abort are this script's, the race in Gloo is not reproduced),
+while the other ranks take a second more to exit 0.
 
 ``value`` is the sum over steps s of the all-reduced ``(rank + 1) * s``; with a fixed world
 size W it ends at ``W (W + 1) / 2 * N (N + 1) / 2`` whatever the restarts, when no step is
@@ -76,6 +81,7 @@ def main() -> None:
     ap.add_argument("--fail-first", default="0")
     ap.add_argument("--abort-on-attempt", type=int, default=None)
     ap.add_argument("--tensorboard", action="store_true")
+    ap.add_argument("--teardown-abort-rank", type=int, default=None)
     args = ap.parse_args()
     assert args.ckpt_dir, "no --ckpt-dir and no TRAINPOD_CHECKPOINT_DIR"
     ckpt_dir = Path(args.ckpt_dir)
@@ -139,7 +145,13 @@ def main() -> None:
     print(f"done steps={args.steps} value={value:.0f}", flush=True)
     progress.close()
     dist.barrier()
+    if args.teardown_abort_rank == rank:
+        sys.stderr.write("terminate called without an active exception\n")
+        sys.stderr.flush()
+        os.abort()
     dist.destroy_process_group()
+    if args.teardown_abort_rank is not None:
+        time.sleep(1.0)  # the aborted rank is reported first: the controller must wait
     sys.exit(0)
 
 
