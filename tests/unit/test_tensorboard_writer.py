@@ -3,10 +3,15 @@ TensorBoard's own reader (``EventAccumulator``, as the Python loader of ``tensor
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as tb_crc
+from tensorboard.summary.writer.record_writer import RecordWriter
 
 from trainpod.agent.tensorboard import TensorBoardTap
 from trainpod.api.models import LaunchOrder, RankSlot
@@ -16,7 +21,9 @@ from trainpod.telemetry.tensorboard import (
     STEPS_RUN,
     GoodputScalars,
     StepScalars,
+    masked_crc32c,
     metric_tag,
+    record,
     tensorboard_dir,
 )
 from trainpod.testing.wait import wait_until
@@ -209,3 +216,33 @@ def test_an_unwritable_logdir_costs_that_attempt_only(tmp_path: Path) -> None:
     finally:
         tap.close()
     assert scalars(read(good / STEPS_RUN), "metrics/loss") == [(1, 2.0)]
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.binary(max_size=600))
+def test_records_are_tensorboards_own_bytes(data: bytes) -> None:
+    """The C CRC32C gives the bytes TensorBoard's own (pure-Python) ``RecordWriter`` writes."""
+    assert masked_crc32c(data) == tb_crc(data)
+    out = io.BytesIO()
+    RecordWriter(out).write(data)
+    assert record(data) == out.getvalue()
+
+
+def test_the_writer_flushes_within_its_interval_without_another_beacon(tmp_path: Path) -> None:
+    tap = TensorBoardTap(flush_every_s=0.2)
+    try:
+        tap.watch(order(tmp_path, 1, [0], TRAINPOD_TENSORBOARD_DIR=str(tmp_path)))
+        tap.offer([(1, 0, s, float(s), {"loss": 1.0 / s}) for s in (1, 2, 3)])
+
+        def on_disk() -> list[tuple[int, float]] | None:
+            run = tmp_path / STEPS_RUN
+            if not run.is_dir() or "metrics/loss" not in read(run).Tags()["scalars"]:
+                return None
+            got = scalars(read(run), "metrics/loss")
+            return got if len(got) == 3 else None
+
+        # nothing more is offered and the file stays open: only the timed flush can do it
+        got = wait_until(on_disk, timeout_s=20, what="three steps flushed by the timer")
+        assert [s for s, _ in got] == [1, 2, 3]
+    finally:
+        tap.close()
