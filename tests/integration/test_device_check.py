@@ -22,10 +22,16 @@ def test_the_smoke_run_trains_checkpoints_and_measures_mfu(tmp_path: Path) -> No
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=540, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["gpu"] is False and set(summary["steps"]) == {"nccl-train", "mfu"}
+    through = {"trainpod-cluster", "trainpod-train", "trainpod-show", "trainpod-nodes"}
+    assert summary["gpu"] is False
+    assert set(summary["steps"]) == {"nccl-train", "mfu", "trainpod-delete", *through}
     assert all(s["rc"] == 0 for s in summary["steps"].values()), summary["steps"]
     assert len(summary["checkpoint_stalls_s"]) == 2  # steps 10 and 12 (the last)
+    assert len(summary["trainpod_checkpoint_stalls_s"]) == 2  # the same, through trainpod
+    assert "done: steps=12" in (out / "trainpod-train.log").read_text()
+    assert "simulated" in (out / "trainpod-nodes.log").read_text()  # CPU slots, said so
     assert summary["mfu"]["simulated"] is True
     assert summary["mfu"]["modes"]["eager"]["mfu"]["median"] > 0
     assert "done: steps=12" in (out / "nccl-train.log").read_text()
     assert not (out / "shm").exists()  # the memory tier's copy of the state is not kept
+    assert not (out / "shm-trainpod").exists()
