@@ -138,3 +138,25 @@ def test_make_config_takes_the_recovery_settings(tmp_path: Path) -> None:
     )
     assert (cfg.hang_timeout_s, cfg.straggler_factor, cfg.straggler_checks) == (30, 2.0, 4)
     assert (cfg.auto_repair, cfg.retire_after, cfg.deep_check_timeout_s) == (False, 2, 60)
+
+
+def test_a_pid_reported_after_the_rank_ran_is_recorded(cluster: Cluster) -> None:
+    """The launcher lists every rank of an attempt before it spawns the first, so a rank may
+    be reported running with no pid; its pid, in a later report, is kept (it was not: the
+    real Slurm's torchrun test found rank 1 running with no pid to signal)."""
+    c = cluster
+    job = c.submit(nodes=1, procs=2)
+    c.controller.step()
+    agent = c.agents["workers-0"]
+    agent.start_ranks(agent.beat())
+    attempt_id = c.attempt_id(job)
+    pid = agent.pid(attempt_id, 1)
+    agent.set_pid(attempt_id, 1, None)
+    agent.beat()
+    ranks = {r.rank: r for r in c.controller.job_info(job).attempts[0].ranks}
+    assert ranks[1].state == "running" and ranks[1].pid is None
+    assert ranks[0].pid == agent.pid(attempt_id, 0)
+    agent.set_pid(attempt_id, 1, pid)
+    agent.beat()
+    ranks = {r.rank: r for r in c.controller.job_info(job).attempts[0].ranks}
+    assert ranks[1].pid == pid

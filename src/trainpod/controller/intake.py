@@ -268,6 +268,11 @@ class HeartbeatIngest:
                         ),
                     )
                     touched.add(attempt.id)
+                elif row.pid is None and rr.pid is not None and rr.state == "running":
+                    # reported running before its process existed (the agent lists every
+                    # rank of an attempt before it spawns the first; a warm start learns its
+                    # pid from the zygote): the pid comes with a later report
+                    self.store.update_rank(attempt.id, rr.rank, pid=rr.pid)
                 if rr.state == "exited":
                     self.store.update_rank(
                         attempt.id,

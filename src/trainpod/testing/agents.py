@@ -57,7 +57,8 @@ _agent_ids = itertools.count(1)
 class _Rank(AgentRank):
     """A rank with a fake pid: reported by the launcher's own :class:`AgentRank`."""
 
-    pid: int = 0
+    pid: int | None = 0
+    """None: reported before its process exists (as the launcher does while it spawns)."""
     log_tail: str = ""
 
     def _pid(self) -> int | None:
@@ -382,7 +383,13 @@ class FakeAgent:
         return [r.rank for _, r in sorted(run.ranks.items()) if r.running]
 
     def pid(self, attempt_id: int, rank: int) -> int:
-        return self._runs[attempt_id].ranks[rank].pid
+        pid = self._runs[attempt_id].ranks[rank].pid
+        assert pid is not None, f"rank {rank} of attempt {attempt_id} has no pid yet"
+        return pid
+
+    def set_pid(self, attempt_id: int, rank: int, pid: int | None) -> None:
+        """Report ``rank`` with this pid from now on (None: its process not spawned yet)."""
+        self._runs[attempt_id].ranks[rank].pid = pid
 
     @property
     def attempts(self) -> list[int]:
