@@ -72,6 +72,7 @@ def kills_part(args: argparse.Namespace) -> dict[str, object]:
 
     argv = ["--minutes", str(args.kill_minutes), "--nodes", str(args.nodes)]
     argv += ["--queued", str(args.queued), "--long", str(args.long)]
+    argv += ["--fault-every-s", str(args.fault_every_s)]
     rc = reliability_kills.main(argv)
     return {"minutes": args.kill_minutes, "problems": [] if rc == 0 else ["ledger mismatch"]}
 
@@ -103,6 +104,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=8, help="kills: local nodes")
     parser.add_argument("--queued", type=int, default=1000, help="kills: jobs kept queued")
     parser.add_argument("--long", type=int, default=3, help="kills: long-running jobs")
+    parser.add_argument(
+        "--fault-every-s", type=float, default=5.0, help="kills: a kill-worker this often (0: none)"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     results = {part: PARTS[part](args) for part in args.part}

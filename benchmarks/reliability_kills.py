@@ -5,9 +5,11 @@ ADR 0034), the client's ledger audited against the store afterwards.
 
 A throwaway local cluster (``--nodes`` nodes of one rank, under a temporary TRAINPOD_HOME):
 ``--queued`` short jobs kept waiting (``true``, ``sleep 0.3``; 5% of the waiting ones
-cancelled per look), ``--long`` jobs that run the whole time, and a kill every
-``--min-gap-s`` to ``--max-gap-s`` seconds, each followed by the restart ``trainpod cluster
-start`` does. Prints the figures (kills survived, jobs and events lost, duplicates) and the
+cancelled per look), ``--long`` jobs that run the whole time, a ``kill-worker`` fault every
+~``--fault-every-s`` seconds on a running "faulted" job (a tenth of the short jobs: ``sleep
+2``, ``--auto-resume``; each must end completed), and a kill every ``--min-gap-s`` to
+``--max-gap-s`` seconds, each followed by the restart ``trainpod cluster start`` does.
+Prints the figures (kills survived, jobs and events lost, duplicates, faults) and the
 1-minute load average; exits 1 if anything was lost.
 """
 
@@ -54,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-gap-s", type=float, default=2.0)
     parser.add_argument("--max-gap-s", type=float, default=6.0)
     parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--fault-every-s", type=float, default=5.0, help="0: no faults")
     args = parser.parse_args(argv)
     if args.long >= args.nodes:
         parser.error(f"--long {args.long} needs fewer than --nodes {args.nodes} long jobs")
@@ -78,6 +81,7 @@ def _run(
         queued=args.queued,
         long_jobs=args.long,
         seed=args.seed,
+        fault_every_s=args.fault_every_s,
     )
     load.start()
     began = time.monotonic()

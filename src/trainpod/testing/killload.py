@@ -6,9 +6,12 @@ waiting (``true`` and short ``sleep``s) and cancels some, one tails the job list
 event log, and the caller's thread kills the controller at random instants and restarts it
 the way ``trainpod cluster start`` does (``LocalBackend.start``, given as ``restart``). A
 few long-running jobs hold nodes the whole time: their workers must be the same processes
-at the end. The :class:`Ledger` keeps every accepted submission (an id was returned), every
-state the client saw each job in and every event it read; :func:`audit` compares it with
-the store.
+at the end. With ``fault_every_s``, a third thread injects faults meanwhile: some of the
+short jobs are "faulted" jobs (``sleep 2``, ``--auto-resume``), and every so often one of
+them that runs gets a ``kill-worker`` through the chaos API; each must end ``completed``
+(restarted after its fault, never cancelled). The :class:`Ledger` keeps every accepted
+submission (an id was returned), every state the client saw each job in, every event it
+read and every fault the controller accepted; :func:`audit` compares it with the store.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-from trainpod.api.models import EventInfo, JobInfo
+from trainpod.api.models import ChaosRequest, EventInfo, JobInfo
 from trainpod.client.http import TrainpodClient
-from trainpod.errors import Conflict, Retryable
+from trainpod.errors import Conflict, Retryable, TrainpodError
 from trainpod.spec.job import JobSpec
 from trainpod.testing.wait import wait_until
 
@@ -46,6 +50,10 @@ class Ledger:
     """Job id → the states the client saw it in, in order (repeats folded)."""
     events: dict[int, EventInfo] = field(default_factory=dict)
     cancels: int = 0
+    cancelled: set[int] = field(default_factory=set)
+    """Jobs this client cancelled."""
+    faults: dict[int, int] = field(default_factory=dict)
+    """Job id → the ``kill-worker`` faults the controller accepted for it."""
     refused_calls: int = 0
     """Calls that met a controller being killed or restarting (retried)."""
 
@@ -71,6 +79,11 @@ class Audit:
     overlapping_attempts: list[int]
     unexplained_states: list[str]
     long_workers_changed: list[str]
+    faults: int = 0
+    """``kill-worker`` faults the controller accepted."""
+    faulted_jobs_restarted: int = 0
+    """Faulted jobs that ran a second attempt (a fault may meet a job just as it ends)."""
+    faulted_jobs_not_completed: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -84,6 +97,7 @@ class Audit:
             or self.overlapping_attempts
             or self.unexplained_states
             or self.long_workers_changed
+            or self.faulted_jobs_not_completed
         )
 
     def summary(self) -> str:
@@ -95,7 +109,9 @@ class Audit:
             f"{len(self.event_id_gaps)}; duplicate attempts {len(self.duplicate_attempts)}, "
             f"overlapping attempts {len(self.overlapping_attempts)}; unexplained states "
             f"{len(self.unexplained_states)}; long-running workers changed "
-            f"{len(self.long_workers_changed)}"
+            f"{len(self.long_workers_changed)}; faults injected {self.faults} "
+            f"({self.faulted_jobs_restarted} jobs restarted), faulted jobs not completed "
+            f"{len(self.faulted_jobs_not_completed)}"
         )
 
 
@@ -111,6 +127,7 @@ class KillLoad:
         queued: int,
         long_jobs: int,
         seed: int = 0,
+        fault_every_s: float = 0.0,
     ) -> None:
         self.controller_pid = controller_pid
         self.restart = restart
@@ -121,7 +138,9 @@ class KillLoad:
         self.env = env
         self.queued = queued
         self.long_jobs = long_jobs
+        self.fault_every_s = fault_every_s
         self.rng = random.Random(seed)
+        self.fault_rng = random.Random(seed + 1)  # its own: the faulter runs in its own thread
         self.ledger = Ledger()
         self.kills = 0
         self.long_pids: dict[int, int] = {}
@@ -132,8 +151,8 @@ class KillLoad:
         self.hold_dir.mkdir(parents=True, exist_ok=True)
 
     # -- the load --------------------------------------------------------------------------
-    def _spec(self, command: list[str], name: str) -> JobSpec:
-        return JobSpec(command=command, env=self.env, workdir=str(self.workdir), name=name)
+    def _spec(self, command: list[str], name: str, **extra: Any) -> JobSpec:
+        return JobSpec(command=command, env=self.env, workdir=str(self.workdir), name=name, **extra)
 
     def start(self) -> None:
         """Start the long-running jobs, wait for their workers, then start the load."""
@@ -147,7 +166,10 @@ class KillLoad:
         )
         for f in self.hold_dir.glob("pid-*"):
             self.long_pids[int(f.name.removeprefix("pid-"))] = int(f.read_text())
-        for target in (self._submitter, self._observer):
+        targets = [self._submitter, self._observer]
+        if self.fault_every_s > 0:
+            targets.append(self._faulter)
+        for target in targets:
             t = threading.Thread(target=target, name=target.__name__, daemon=True)
             t.start()
             self._threads.append(t)
@@ -157,12 +179,19 @@ class KillLoad:
             try:
                 waiting = [j for j in self.client.jobs(include_ended=False) if j.state == "queued"]
                 for _ in range(max(0, self.queued - len(waiting))):
-                    cmd = ["true"] if self.rng.random() < 0.7 else ["sleep", "0.3"]
-                    job = self.client.submit(self._spec(cmd, "short"))
-                    self.ledger.accepted[job.id] = "short"
+                    if self.fault_every_s > 0 and self.rng.random() < 0.1:
+                        spec = self._spec(
+                            ["sleep", "2"], "faulted", auto_resume=True, max_restarts=100
+                        )
+                        kind = "faulted"
+                    else:
+                        cmd = ["true"] if self.rng.random() < 0.7 else ["sleep", "0.3"]
+                        spec, kind = self._spec(cmd, "short"), "short"
+                    job = self.client.submit(spec)
+                    self.ledger.accepted[job.id] = kind
                     self.ledger.saw(job)
                 for j in waiting:
-                    if self.rng.random() < 0.05:
+                    if self.ledger.accepted.get(j.id) == "short" and self.rng.random() < 0.05:
                         self._cancel(j.id)
             except Retryable:
                 self.ledger.refused_calls += 1
@@ -173,8 +202,31 @@ class KillLoad:
         try:
             self.ledger.saw(self.client.cancel(job_id))
             self.ledger.cancels += 1
+            self.ledger.cancelled.add(job_id)
         except Conflict:  # it started or ended meanwhile
             pass
+
+    def _faulter(self) -> None:
+        """Every ~``fault_every_s``: a ``kill-worker`` on the node of a running faulted job."""
+        while not self._stop.wait(self.fault_rng.uniform(0.5, 1.5) * self.fault_every_s):
+            try:
+                running = [
+                    j
+                    for j in self.client.jobs(include_ended=False)
+                    if j.state == "running" and self.ledger.accepted.get(j.id) == "faulted"
+                ]
+                if not running:
+                    continue
+                job = self.fault_rng.choice(running)
+                nodes = job.attempts[-1].nodes if job.attempts else []
+                if not nodes:
+                    continue
+                self.client.chaos(ChaosRequest(node=nodes[0], fault="kill-worker"))
+                self.ledger.faults[job.id] = self.ledger.faults.get(job.id, 0) + 1
+            except Retryable:
+                self.ledger.refused_calls += 1
+            except TrainpodError:  # the job ended or moved meanwhile: no fault this time
+                pass
 
     def _observer(self) -> None:
         while not self._stop.is_set():
@@ -295,7 +347,17 @@ def audit(load: KillLoad) -> Audit:
         pids = [r.pid for a in job.attempts for r in a.ranks]
         if len(job.attempts) != 1 or pids != [pid]:
             changed_workers.append(f"job {job_id}: worker {pid}, store {pids}")
+    faulted = [i for i, kind in ledger.accepted.items() if kind == "faulted" and i in jobs]
+    not_completed = [
+        f"job {i}: {jobs[i].state.value} ({jobs[i].reason})"
+        for i in faulted
+        if jobs[i].state.value != "completed"
+        and not (i in ledger.cancelled and jobs[i].state.value == "cancelled")
+    ]
     return Audit(
+        faults=sum(ledger.faults.values()),
+        faulted_jobs_restarted=sum(len(jobs[i].attempts) > 1 for i in ledger.faults if i in jobs),
+        faulted_jobs_not_completed=not_completed,
         kills=load.kills,
         accepted=len(ledger.accepted),
         events_seen=len(ledger.events),
