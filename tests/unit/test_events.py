@@ -106,6 +106,23 @@ SAMPLES: list[tuple[ev.Event, dict[str, Any]]] = [
         ),
     ),
     (
+        ev.AuthFailed(
+            client="10.0.0.7",
+            method="POST",
+            path="/v1/jobs/3/cancel",
+            reason="unknown or revoked token",
+            unrecorded=2,
+        ),
+        dict(
+            kind="auth_failed",
+            client="10.0.0.7",
+            method="POST",
+            path="/v1/jobs/3/cancel",
+            reason="unknown or revoked token",
+            unrecorded=2,
+        ),
+    ),
+    (
         ev.AuthThrottled(client="10.0.0.7", failures=10, window_s=60.0, retry_after_s=42.0),
         dict(
             kind="auth_throttled",

@@ -58,6 +58,7 @@ from trainpod.controller.launch import rank_log_path, read_log_chunk
 from trainpod.dashboard import cookie_token, is_ui, login_redirect, public_path
 from trainpod.dashboard import mount as mount_dashboard
 from trainpod.errors import IdempotencyKeyReused, TrainpodError
+from trainpod.model.events import AuthFailed, AuthThrottled
 from trainpod.spec.job import JobSpec
 from trainpod.store.accounts import TokenRow, UserRow
 from trainpod.telemetry.exposition import CONTENT_TYPE, render
@@ -65,6 +66,7 @@ from trainpod.telemetry.goodput import compute_goodput
 
 METRICS_PATH = "/metrics"
 SCRAPER = Principal("prometheus", "user")
+MAX_RECORDED_PATH = 256  # of a refused call's path, in its auth_failed event
 """The holder of the read-only scrape token (``scrape.token``): ``/metrics`` only."""
 
 
@@ -134,9 +136,7 @@ def create_app(
         tokens=tokens,
         scrape_token=scrape_token,
         throttle=throttle,
-        on_throttled=lambda client, wait_s: controller.access.throttled(
-            client, throttle.max_failures, throttle.window_s, wait_s
-        ),
+        on_auth_failed=controller.access.auth_failed,
     )
     mount_dashboard(app, controller, resolve=tokens.principal)  # /ui: the web dashboard
     registry = CollectorRegistry(auto_describe=False)
@@ -399,16 +399,17 @@ class BearerAuth:
         tokens: Tokens,
         scrape_token: str = "",
         throttle: AuthThrottle | None = None,
-        on_throttled: Callable[[str, float], None] = lambda *_: None,
+        on_auth_failed: Callable[[AuthFailed, AuthThrottled | None], None] = lambda *_: None,
     ) -> None:
-        """``throttle``: failed authentications per client address (None: unlimited);
-        ``on_throttled(client, retry_after_s)``: records a client newly throttled (run in a
-        worker thread: it takes the controller's lock)."""
+        """``throttle``: failed authentications per client address (None: unlimited, none
+        recorded); ``on_auth_failed(failed, throttled)``: records a refused token, and the
+        throttle it starts if it does (run in a worker thread: it takes the controller's
+        lock)."""
         self.app = app
         self._tokens = tokens
         self._scrape = scrape_token.encode()  # opens /metrics only; never the dashboard
         self._throttle = throttle
-        self._on_throttled = on_throttled
+        self._on_auth_failed = on_auth_failed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -443,8 +444,8 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         if who is None:
-            if self._throttle is not None and self._throttle.failed(client):
-                await anyio.to_thread.run_sync(self._on_throttled, client, self._throttle.window_s)
+            if self._throttle is not None:
+                await self._failed(client, scope, bool(token))
             status, error = 401, "Unauthorized"
             message = (
                 "a valid bearer token is required; the CLI reads it from TRAINPOD_TOKEN, "
@@ -461,6 +462,29 @@ class BearerAuth:
             message = f"{who.name} may not call the agent API: only node agents may"
         refused = JSONResponse({"error": error, "message": message}, status_code=status)
         await refused(scope, receive, send)
+
+    async def _failed(self, client: str, scope: Scope, had_token: bool) -> None:
+        assert self._throttle is not None
+        failure = self._throttle.failed(client)
+        if not failure.record:
+            return
+        failed = AuthFailed(
+            client=client,
+            method=str(scope["method"])[:16],
+            path=str(scope["path"])[:MAX_RECORDED_PATH],
+            reason="unknown or revoked token" if had_token else "no token",
+            unrecorded=failure.unrecorded,
+        )
+        throttled = None
+        if failure.throttles:
+            window_s = self._throttle.window_s
+            throttled = AuthThrottled(
+                client=client,
+                failures=self._throttle.max_failures,
+                window_s=window_s,
+                retry_after_s=window_s,
+            )
+        await anyio.to_thread.run_sync(self._on_auth_failed, failed, throttled)
 
 
 def _too_many(client: str, wait_s: float, throttle: AuthThrottle | None) -> JSONResponse:

@@ -7,6 +7,12 @@ that tells a good guess from a bad one). Each run of failures that starts a thro
 recorded once (the API appends an ``auth_throttled`` event when :meth:`AuthThrottle.failed`
 says so), and every failure and every 429 is counted for ``/metrics``.
 
+Each failure is also recorded as an ``auth_failed`` event (the client's address, the call, why
+the token was refused), at most ``max_failures`` of them per address per window: a throttled
+address is refused before its token is read, so it adds none, and an exempt address's
+failures past the cap are counted and carried by its next recorded one (``unrecorded``). The
+event log grows by at most ``max_failures`` events per address a window, whatever is sent.
+
 Loopback addresses are exempt by default: on a local cluster the agents and the CLI share
 127.0.0.1 with every local user, and a throttled loopback would let any of them cut the
 agents' heartbeats off (nodes lost, jobs restarted) by sending bad tokens. A throttle is for
@@ -22,11 +28,24 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What to record of one failed authentication (:meth:`AuthThrottle.failed`)."""
+
+    record: bool
+    """Append an ``auth_failed`` event for it (False past the cap of an exempt address)."""
+    unrecorded: int
+    """Failures of this address before it that were counted but not recorded."""
+    throttles: bool
+    """It starts a throttle: its address's calls are answered 429 from now on."""
 
 
 class AuthThrottle(Collector):
@@ -46,6 +65,7 @@ class AuthThrottle(Collector):
         self._max_clients = max_clients
         self._lock = threading.Lock()
         self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+        self._unrecorded: dict[str, int] = {}
         self.failed_total = 0
         self.throttled_total = 0
 
@@ -72,21 +92,24 @@ class AuthThrottle(Collector):
             self.throttled_total += 1
             return max(seen[-self.max_failures] + self.window_s - now, 0.001)
 
-    def failed(self, client: str) -> bool:
-        """Record a failed authentication of ``client``; True when this one throttles it
-        (its next calls get 429: record that once)."""
+    def failed(self, client: str) -> Failure:
+        """Count a failed authentication of ``client`` and say what to record of it."""
         now = self._clock()
         with self._lock:
             self.failed_total += 1
-            if client in self._exempt:
-                return False
             seen = self._recent(client, now)
+            if len(seen) >= self.max_failures:  # an exempt address past its cap (or a race)
+                self._unrecorded[client] = self._unrecorded.get(client, 0) + 1
+                return Failure(record=False, unrecorded=0, throttles=False)
             seen.append(now)
             self._failures[client] = seen
             self._failures.move_to_end(client)
             while len(self._failures) > self._max_clients:
-                self._failures.popitem(last=False)
-            return len(seen) == self.max_failures
+                gone, _ = self._failures.popitem(last=False)
+                self._unrecorded.pop(gone, None)
+            unrecorded = self._unrecorded.pop(client, 0)
+            throttles = client not in self._exempt and len(seen) == self.max_failures
+            return Failure(record=True, unrecorded=unrecorded, throttles=throttles)
 
     def collect(self) -> Iterable[CounterMetricFamily]:
         failed = CounterMetricFamily(

@@ -21,7 +21,13 @@ from typing import Literal
 
 from trainpod.clock import Clock
 from trainpod.errors import Conflict, Forbidden, NotFound
-from trainpod.model.events import AccessDenied, AuthThrottled, TokenIssued, TokensRevoked
+from trainpod.model.events import (
+    AccessDenied,
+    AuthFailed,
+    AuthThrottled,
+    TokenIssued,
+    TokensRevoked,
+)
 from trainpod.spec.sharing import UserSpec
 from trainpod.store.accounts import Accounts, TokenRow, UserRow, token_hash
 from trainpod.store.repo import Store
@@ -134,16 +140,14 @@ class Access:
             )
         raise Forbidden(f"{who.name} may not {action.value}{target}: {why}")
 
-    def throttled(self, client: str, failures: int, window_s: float, wait_s: float) -> None:
-        """Record that ``client`` failed to authenticate ``failures`` times in ``window_s``
-        and is answered 429 for ``wait_s`` (the API's throttle, :mod:`trainpod.api.throttle`)."""
+    def auth_failed(self, failed: AuthFailed, throttled: AuthThrottled | None = None) -> None:
+        """Record a refused token and, when it starts one, the throttle of its address (the
+        API's :class:`~trainpod.api.throttle.AuthThrottle` decides which to record)."""
         with self.lock, self.store.transaction():
-            self.store.append(
-                self.clock.now(),
-                AuthThrottled(
-                    client=client, failures=failures, window_s=window_s, retry_after_s=wait_s
-                ),
-            )
+            now = self.clock.now()
+            self.store.append(now, failed)
+            if throttled is not None:
+                self.store.append(now, throttled)
 
     # -- users and tokens -----------------------------------------------------------------
     def seed(self, users: tuple[UserSpec, ...]) -> None:

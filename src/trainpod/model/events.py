@@ -819,6 +819,22 @@ class AccessDenied(KnownEvent):
 
 @_register
 @dataclass(frozen=True, kw_only=True)
+class AuthFailed(KnownEvent):
+    """A call's bearer token was refused (HTTP 401): from which address, what it called, and
+    why. Never the token. At most ``max_failures`` a window per address are recorded
+    (:mod:`trainpod.api.throttle`); ``unrecorded`` counts the failures before this one that
+    were not."""
+
+    kind = "auth_failed"
+    client: str
+    method: str
+    path: str
+    reason: str
+    unrecorded: int = 0
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
 class AuthThrottled(KnownEvent):
     """A client address failed to authenticate too often: its calls are answered 429 for
     ``retry_after_s`` (one event per such run of failures, not one per failure)."""

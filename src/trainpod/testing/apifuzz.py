@@ -3,9 +3,10 @@ schema), with each kind of token and with none.
 
 Every generated call is checked for what issue 14 asks of the API: no 5xx, every 4xx a JSON
 body that says what was wrong, a refused call (4xx) changes nothing (jobs, nodes, users and
-the event log, but for the ``access_denied`` event a refusal records), and the controller
-still answers afterwards. Used by ``tests/fuzz`` (a few examples per operation) and by
-``benchmarks/reliability.py --part fuzz`` (as many as fit in the minutes given).
+the event log, but for the ``access_denied`` or ``auth_failed`` event a refusal records),
+and the controller still answers afterwards. Used by ``tests/fuzz`` (a few examples per
+operation) and by ``benchmarks/reliability.py --part fuzz`` (as many as fit in the minutes
+given).
 
 Needs the ``dev`` extra (schemathesis); nothing else of trainpod imports this module.
 """
@@ -28,8 +29,8 @@ from hypothesis.errors import HypothesisException
 from schemathesis import Case, GenerationMode
 
 SCHEMA_PATH = "/v1/openapi.json"
-REFUSAL_EVENTS = frozenset({"access_denied"})
-"""Events a refused call may append: the refusal's own record (ADR 0012)."""
+REFUSAL_EVENTS = frozenset({"access_denied", "auth_failed", "auth_throttled"})
+"""Events a refused call may append: the refusal's own record (ADR 0012, ADR 0032)."""
 DERIVED = frozenset({"reason", "queue_position"})
 """A queued job's fields that each scheduling pass recomputes (in memory, never stored): they
 move on their own after a submission, refused call or not."""
