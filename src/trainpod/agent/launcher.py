@@ -395,7 +395,7 @@ class Launcher:
             run.generation = order.generation
             run.kept_until = None
             respawn = [r for r in run.ranks if r.rank in order.respawn]
-        scratch = Path(self._node_env.get("TRAINPOD_SCRATCH_DIR", ".")) / f"job-{run.order.job_id}"
+        scratch = self._job_scratch(run.order)
         message = Recover(
             generation=order.generation,
             attempt_id=order.attempt_id,
@@ -497,7 +497,12 @@ class Launcher:
         return notice_file(order.log_dir, self._node_env.get("TRAINPOD_NODE", "node"))
 
     def _job_scratch(self, order: LaunchOrder) -> Path:
-        return Path(self._node_env.get("TRAINPOD_SCRATCH_DIR", ".")) / f"job-{order.job_id}"
+        """The job's scratch dir on this node. A node with no scratch dir (a launcher built
+        bare, as tests do) keeps it beside the job's logs, never in the working directory."""
+        root = self._node_env.get("TRAINPOD_SCRATCH_DIR")
+        if root is None:
+            return Path(order.log_dir).parent / "scratch"
+        return Path(root) / f"job-{order.job_id}"
 
     def _terminate(self, run: AttemptRun, grace_s: float) -> None:
         leaders: list[psutil.Process] = []
