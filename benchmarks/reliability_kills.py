@@ -57,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-gap-s", type=float, default=6.0)
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--fault-every-s", type=float, default=5.0, help="0: no faults")
+    parser.add_argument(
+        "--short-max-s",
+        type=float,
+        default=0.3,
+        help="a short job is `true` or sleeps up to this long (longer: more jobs run at once)",
+    )
     args = parser.parse_args(argv)
     if args.long >= args.nodes:
         parser.error(f"--long {args.long} needs fewer than --nodes {args.nodes} long jobs")
@@ -82,6 +88,7 @@ def _run(
         long_jobs=args.long,
         seed=args.seed,
         fault_every_s=args.fault_every_s,
+        short_max_s=args.short_max_s,
     )
     load.start()
     began = time.monotonic()

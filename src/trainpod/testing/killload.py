@@ -20,6 +20,7 @@ import itertools
 import os
 import random
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -84,6 +85,8 @@ class Audit:
     faulted_jobs_restarted: int = 0
     """Faulted jobs that ran a second attempt (a fault may meet a job just as it ends)."""
     faulted_jobs_not_completed: list[str] = field(default_factory=list)
+    running: RunningAtOnce | None = None
+    """How many jobs ran at once while the load ran (from the stored attempts)."""
 
     @property
     def ok(self) -> bool:
@@ -112,7 +115,47 @@ class Audit:
             f"{len(self.long_workers_changed)}; faults injected {self.faults} "
             f"({self.faulted_jobs_restarted} jobs restarted), faulted jobs not completed "
             f"{len(self.faulted_jobs_not_completed)}"
+            + (f"; {self.running}" if self.running is not None else "")
         )
+
+
+@dataclass(frozen=True)
+class RunningAtOnce:
+    """Jobs with a live attempt, sampled each second of the load from the attempts' stored
+    spans (placed → ended): what ran at once while the controller was being killed."""
+
+    median: float
+    p10: float
+    max: int
+    seconds: int
+
+    def __str__(self) -> str:
+        return (
+            f"jobs running at once: median {self.median:g}, p10 {self.p10:g}, max {self.max} "
+            f"(over {self.seconds} s)"
+        )
+
+
+def running_at_once(
+    attempts: list[tuple[float, float | None]], start: float, end: float
+) -> RunningAtOnce | None:
+    """Sample, once a second from ``start`` to ``end`` (wall clock), how many of the
+    ``attempts`` (placed at, ended at or None) were live: a job runs one attempt at a time."""
+    spans = [(b, e if e is not None else float("inf")) for b, e in attempts]
+    counts = []
+    t = start
+    while t < end:
+        counts.append(sum(1 for b, e in spans if b <= t < e))
+        t += 1.0
+    if not counts:
+        return None
+    counts.sort()
+    return RunningAtOnce(
+        median=statistics.median(counts),
+        p10=counts[len(counts) // 10],
+        max=counts[-1],
+        seconds=len(counts),
+    )
 
 
 class KillLoad:
@@ -128,7 +171,10 @@ class KillLoad:
         long_jobs: int,
         seed: int = 0,
         fault_every_s: float = 0.0,
+        short_max_s: float = 0.3,
     ) -> None:
+        """``short_max_s``: a short job is ``true`` or sleeps up to this long (0.3: ``sleep
+        0.3``; longer short jobs keep more nodes busy at once)."""
         self.controller_pid = controller_pid
         self.restart = restart
         """Starts what of the cluster is down (``LocalBackend.start``: `trainpod cluster
@@ -139,6 +185,10 @@ class KillLoad:
         self.queued = queued
         self.long_jobs = long_jobs
         self.fault_every_s = fault_every_s
+        self.short_max_s = short_max_s
+        self.began = 0.0
+        self.ended = 0.0
+        """Wall-clock span of the load (:meth:`start` to :meth:`finish`)."""
         self.rng = random.Random(seed)
         self.fault_rng = random.Random(seed + 1)  # its own: the faulter runs in its own thread
         self.ledger = Ledger()
@@ -166,6 +216,7 @@ class KillLoad:
         )
         for f in self.hold_dir.glob("pid-*"):
             self.long_pids[int(f.name.removeprefix("pid-"))] = int(f.read_text())
+        self.began = time.time()
         targets = [self._submitter, self._observer]
         if self.fault_every_s > 0:
             targets.append(self._faulter)
@@ -185,7 +236,7 @@ class KillLoad:
                         )
                         kind = "faulted"
                     else:
-                        cmd = ["true"] if self.rng.random() < 0.7 else ["sleep", "0.3"]
+                        cmd = ["true"] if self.rng.random() < 0.7 else self._sleep()
                         spec, kind = self._spec(cmd, "short"), "short"
                     job = self.client.submit(spec)
                     self.ledger.accepted[job.id] = kind
@@ -197,6 +248,11 @@ class KillLoad:
                 self.ledger.refused_calls += 1
                 self._stop.wait(0.2)
             self._stop.wait(0.1)
+
+    def _sleep(self) -> list[str]:
+        if self.short_max_s <= 0.3:
+            return ["sleep", "0.3"]
+        return ["sleep", f"{self.rng.uniform(0.3, self.short_max_s):.1f}"]
 
     def _cancel(self, job_id: int) -> None:
         try:
@@ -266,6 +322,7 @@ class KillLoad:
 
     def finish(self, timeout_s: float = 120.0) -> None:
         """Stop the load, cancel what waits, release the long jobs, wait until all ended."""
+        self.ended = time.time()
         self._stop.set()
         for t in self._threads:
             t.join(timeout=60)
@@ -355,6 +412,11 @@ def audit(load: KillLoad) -> Audit:
         and not (i in ledger.cancelled and jobs[i].state.value == "cancelled")
     ]
     return Audit(
+        running=running_at_once(
+            [(a.created_at, a.ended_at) for j in jobs.values() for a in j.attempts],
+            load.began,
+            load.ended,
+        ),
         faults=sum(ledger.faults.values()),
         faulted_jobs_restarted=sum(len(jobs[i].attempts) > 1 for i in ledger.faults if i in jobs),
         faulted_jobs_not_completed=not_completed,

@@ -1,0 +1,26 @@
+"""How many jobs ran at once under the controller kill load, from the attempts' spans
+(``trainpod.testing.killload.running_at_once``)."""
+
+from __future__ import annotations
+
+from trainpod.testing.killload import running_at_once
+
+
+def test_counts_live_attempts_each_second_of_the_load() -> None:
+    attempts: list[tuple[float, float | None]] = [
+        (100.0, None),  # a long job, never ended
+        (100.5, 102.5),
+        (101.0, 101.2),  # ended between two samples: not seen
+        (102.0, 104.0),
+        (90.0, 100.0),  # ended as the load began: ended at t is not live at t
+        (104.0, 110.0),
+    ]
+    # samples at 100, 101, 102, 103, 104: 1, 2, 3, 2, 2
+    running = running_at_once(attempts, start=100.0, end=104.5)
+    assert running is not None
+    assert (running.median, running.p10, running.max, running.seconds) == (2, 1, 3, 5)
+    assert str(running) == "jobs running at once: median 2, p10 1, max 3 (over 5 s)"
+
+
+def test_no_load_no_figure() -> None:
+    assert running_at_once([(1.0, 2.0)], start=5.0, end=5.0) is None
