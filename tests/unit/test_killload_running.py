@@ -1,9 +1,9 @@
-"""How many jobs ran at once under the controller kill load, from the attempts' spans
-(``trainpod.testing.killload.running_at_once``)."""
+"""How many jobs ran or waited at once under the controller kill load, from the stored
+spans (``trainpod.testing.killload.at_once``)."""
 
 from __future__ import annotations
 
-from trainpod.testing.killload import running_at_once
+from trainpod.testing.killload import at_once
 
 
 def test_counts_live_attempts_each_second_of_the_load() -> None:
@@ -16,11 +16,11 @@ def test_counts_live_attempts_each_second_of_the_load() -> None:
         (104.0, 110.0),
     ]
     # samples at 100, 101, 102, 103, 104: 1, 2, 3, 2, 2
-    running = running_at_once(attempts, start=100.0, end=104.5)
+    running = at_once("running", attempts, start=100.0, end=104.5)
     assert running is not None
     assert (running.median, running.p10, running.max, running.seconds) == (2, 1, 3, 5)
     assert str(running) == "jobs running at once: median 2, p10 1, max 3 (over 5 s)"
 
 
 def test_no_load_no_figure() -> None:
-    assert running_at_once([(1.0, 2.0)], start=5.0, end=5.0) is None
+    assert at_once("queued", [(1.0, 2.0)], start=5.0, end=5.0) is None

@@ -27,7 +27,10 @@ from trainpod.spec.cluster import ClusterSpec
 from trainpod.spec.tls import ControllerSpec, is_loopback, is_wildcard, plain_http_problem
 
 CONTROLLER = "controller"
-READY_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 120.0
+"""How long `cluster start` waits for a live controller to answer (one that exits is reported
+at once). Its imports alone are ~2.5 s of CPU; on a head node at load 15 (the controller kill
+load at 24 nodes, tens of jobs running) a restart took over 30 s to answer."""
 
 
 def python_first_path() -> dict[str, str]:

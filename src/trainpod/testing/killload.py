@@ -23,6 +23,7 @@ import signal
 import statistics
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,8 @@ from trainpod.spec.job import JobSpec
 from trainpod.testing.wait import wait_until
 
 ENDED = {"completed", "failed", "cancelled"}
+REFILL_CHUNK = 50  # jobs submitted between two looks at the queue
+CANCELS_PER_LOOK = 5  # at most, of the waiting short jobs (5% of them each look)
 _HOLD = (
     'echo $$ > "$0/pid-$TRAINPOD_JOB_ID"; '
     'while [ ! -e "$0/release" ]; do sleep 0.2; done'
@@ -85,8 +88,10 @@ class Audit:
     faulted_jobs_restarted: int = 0
     """Faulted jobs that ran a second attempt (a fault may meet a job just as it ends)."""
     faulted_jobs_not_completed: list[str] = field(default_factory=list)
-    running: RunningAtOnce | None = None
+    running: AtOnce | None = None
     """How many jobs ran at once while the load ran (from the stored attempts)."""
+    queued: AtOnce | None = None
+    """How many jobs waited at once (submitted → first placed)."""
 
     @property
     def ok(self) -> bool:
@@ -115,15 +120,16 @@ class Audit:
             f"{len(self.long_workers_changed)}; faults injected {self.faults} "
             f"({self.faulted_jobs_restarted} jobs restarted), faulted jobs not completed "
             f"{len(self.faulted_jobs_not_completed)}"
-            + (f"; {self.running}" if self.running is not None else "")
+            + "".join(f"; {m}" for m in (self.queued, self.running) if m is not None)
         )
 
 
 @dataclass(frozen=True)
-class RunningAtOnce:
-    """Jobs with a live attempt, sampled each second of the load from the attempts' stored
-    spans (placed → ended): what ran at once while the controller was being killed."""
+class AtOnce:
+    """How many jobs were in some state at once, sampled each second of the load from
+    stored spans (for running: each attempt placed → ended)."""
 
+    what: str
     median: float
     p10: float
     max: int
@@ -131,31 +137,38 @@ class RunningAtOnce:
 
     def __str__(self) -> str:
         return (
-            f"jobs running at once: median {self.median:g}, p10 {self.p10:g}, max {self.max} "
-            f"(over {self.seconds} s)"
+            f"jobs {self.what} at once: median {self.median:g}, p10 {self.p10:g}, max "
+            f"{self.max} (over {self.seconds} s)"
         )
 
 
-def running_at_once(
-    attempts: list[tuple[float, float | None]], start: float, end: float
-) -> RunningAtOnce | None:
-    """Sample, once a second from ``start`` to ``end`` (wall clock), how many of the
-    ``attempts`` (placed at, ended at or None) were live: a job runs one attempt at a time."""
-    spans = [(b, e if e is not None else float("inf")) for b, e in attempts]
+def at_once(
+    what: str, spans: list[tuple[float, float | None]], start: float, end: float
+) -> AtOnce | None:
+    """Sample, once a second from ``start`` to ``end`` (wall clock), how many of ``spans``
+    (began, ended or None: not yet) were live."""
+    closed = [(b, e if e is not None else float("inf")) for b, e in spans]
     counts = []
     t = start
     while t < end:
-        counts.append(sum(1 for b, e in spans if b <= t < e))
+        counts.append(sum(1 for b, e in closed if b <= t < e))
         t += 1.0
     if not counts:
         return None
     counts.sort()
-    return RunningAtOnce(
+    return AtOnce(
+        what=what,
         median=statistics.median(counts),
         p10=counts[len(counts) // 10],
         max=counts[-1],
         seconds=len(counts),
     )
+
+
+def waiting_span(job: JobInfo) -> tuple[float, float | None]:
+    """Submitted → first placed (or ended without a start: cancelled while it waited)."""
+    placed = min((a.created_at for a in job.attempts), default=None)
+    return job.submitted_at, placed if placed is not None else job.ended_at
 
 
 class KillLoad:
@@ -216,6 +229,8 @@ class KillLoad:
         )
         for f in self.hold_dir.glob("pid-*"):
             self.long_pids[int(f.name.removeprefix("pid-"))] = int(f.read_text())
+        for _ in range(self.queued):  # the queue full before the first kill
+            self._submit_one()
         self.began = time.time()
         targets = [self._submitter, self._observer]
         if self.fault_every_s > 0:
@@ -229,25 +244,40 @@ class KillLoad:
         while not self._stop.is_set():
             try:
                 waiting = [j for j in self.client.jobs(include_ended=False) if j.state == "queued"]
-                for _ in range(max(0, self.queued - len(waiting))):
-                    if self.fault_every_s > 0 and self.rng.random() < 0.1:
-                        spec = self._spec(
-                            ["sleep", "2"], "faulted", auto_resume=True, max_restarts=100
-                        )
-                        kind = "faulted"
-                    else:
-                        cmd = ["true"] if self.rng.random() < 0.7 else self._sleep()
-                        spec, kind = self._spec(cmd, "short"), "short"
-                    job = self.client.submit(spec)
-                    self.ledger.accepted[job.id] = kind
-                    self.ledger.saw(job)
-                for j in waiting:
-                    if self.ledger.accepted.get(j.id) == "short" and self.rng.random() < 0.05:
-                        self._cancel(j.id)
+                # A few cancels a look, and the queue refilled a chunk at a time: a refill of
+                # hundreds blocks through restarts for minutes, with no cancel meanwhile.
+                shorts = [j for j in waiting if self.ledger.accepted.get(j.id) == "short"]
+                doomed = [j for j in shorts if self.rng.random() < 0.05]
+                for j in doomed[:CANCELS_PER_LOOK]:
+                    self._cancel(j.id)
+                for _ in range(min(REFILL_CHUNK, max(0, self.queued - len(waiting)))):
+                    self._submit_one()
             except Retryable:
                 self.ledger.refused_calls += 1
                 self._stop.wait(0.2)
             self._stop.wait(0.1)
+
+    def _submit_one(self) -> None:
+        """Submit the next job of the mix; a call the controller does not answer (being
+        killed, or restarting longer than the client's own retries) is sent again with the
+        same Idempotency-Key until it is, as a careful client would: once sent, a job may
+        exist, and only its key can tell (ADR 0037)."""
+        if self.fault_every_s > 0 and self.rng.random() < 0.1:
+            spec = self._spec(["sleep", "2"], "faulted", auto_resume=True, max_restarts=100)
+            kind = "faulted"
+        else:
+            cmd = ["true"] if self.rng.random() < 0.7 else self._sleep()
+            spec, kind = self._spec(cmd, "short"), "short"
+        key = str(uuid.uuid4())
+        while True:
+            try:
+                job = self.client.submit(spec, idempotency_key=key)
+                break
+            except Retryable:
+                self.ledger.refused_calls += 1
+                time.sleep(0.2)
+        self.ledger.accepted[job.id] = kind
+        self.ledger.saw(job)
 
     def _sleep(self) -> list[str]:
         if self.short_max_s <= 0.3:
@@ -412,11 +442,13 @@ def audit(load: KillLoad) -> Audit:
         and not (i in ledger.cancelled and jobs[i].state.value == "cancelled")
     ]
     return Audit(
-        running=running_at_once(
+        running=at_once(
+            "running",
             [(a.created_at, a.ended_at) for j in jobs.values() for a in j.attempts],
             load.began,
             load.ended,
         ),
+        queued=at_once("queued", [waiting_span(j) for j in jobs.values()], load.began, load.ended),
         faults=sum(ledger.faults.values()),
         faulted_jobs_restarted=sum(len(jobs[i].attempts) > 1 for i in ledger.faults if i in jobs),
         faulted_jobs_not_completed=not_completed,
