@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0.3,
         help="a short job is `true` or sleeps up to this long (longer: more jobs run at once)",
     )
+    parser.add_argument(
+        "--true-fraction",
+        type=float,
+        default=0.7,
+        help="the share of short jobs that are `true` (fewer: the queue stays near --queued)",
+    )
     args = parser.parse_args(argv)
     if args.long >= args.nodes:
         parser.error(f"--long {args.long} needs fewer than --nodes {args.nodes} long jobs")
@@ -89,6 +95,7 @@ def _run(
         seed=args.seed,
         fault_every_s=args.fault_every_s,
         short_max_s=args.short_max_s,
+        true_fraction=args.true_fraction,
     )
     load.start()
     began = time.monotonic()

@@ -3,7 +3,12 @@ spans (``trainpod.testing.killload.at_once``)."""
 
 from __future__ import annotations
 
-from trainpod.testing.killload import at_once
+from pathlib import Path
+
+import pytest
+
+from trainpod.client.http import TrainpodClient
+from trainpod.testing.killload import KillLoad, at_once
 
 
 def test_counts_live_attempts_each_second_of_the_load() -> None:
@@ -24,3 +29,17 @@ def test_counts_live_attempts_each_second_of_the_load() -> None:
 
 def test_no_load_no_figure() -> None:
     assert at_once("queued", [(1.0, 2.0)], start=5.0, end=5.0) is None
+
+
+def test_a_true_fraction_outside_zero_to_one_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"true_fraction must be between 0 and 1, not 1\.5"):
+        KillLoad(
+            lambda: None,
+            lambda: [],
+            TrainpodClient("http://127.0.0.1:1", "no-token"),
+            tmp_path,
+            {},
+            queued=10,
+            long_jobs=0,
+            true_fraction=1.5,
+        )

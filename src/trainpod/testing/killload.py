@@ -185,9 +185,14 @@ class KillLoad:
         seed: int = 0,
         fault_every_s: float = 0.0,
         short_max_s: float = 0.3,
+        true_fraction: float = 0.7,
     ) -> None:
         """``short_max_s``: a short job is ``true`` or sleeps up to this long (0.3: ``sleep
-        0.3``; longer short jobs keep more nodes busy at once)."""
+        0.3``; longer short jobs keep more nodes busy at once). ``true_fraction``: the share
+        of short jobs that are ``true``; fewer, and the nodes drain the queue more slowly than
+        one client refills it, so it stays near ``queued``."""
+        if not 0.0 <= true_fraction <= 1.0:
+            raise ValueError(f"true_fraction must be between 0 and 1, not {true_fraction}")
         self.controller_pid = controller_pid
         self.restart = restart
         """Starts what of the cluster is down (``LocalBackend.start``: `trainpod cluster
@@ -199,6 +204,7 @@ class KillLoad:
         self.long_jobs = long_jobs
         self.fault_every_s = fault_every_s
         self.short_max_s = short_max_s
+        self.true_fraction = true_fraction
         self.began = 0.0
         self.ended = 0.0
         """Wall-clock span of the load (:meth:`start` to :meth:`finish`)."""
@@ -266,7 +272,7 @@ class KillLoad:
             spec = self._spec(["sleep", "2"], "faulted", auto_resume=True, max_restarts=100)
             kind = "faulted"
         else:
-            cmd = ["true"] if self.rng.random() < 0.7 else self._sleep()
+            cmd = ["true"] if self.rng.random() < self.true_fraction else self._sleep()
             spec, kind = self._spec(cmd, "short"), "short"
         key = str(uuid.uuid4())
         while True:
