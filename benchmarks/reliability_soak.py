@@ -18,6 +18,7 @@ from pathlib import Path
 
 from trainpod.backends.procs import read_pid
 from trainpod.cli.jobs import default_env
+from trainpod.client.http import JOBS_PAGE
 from trainpod.testing.soak import MEASURES, SPEC, Sample, Sampler, Soak, gpt_argv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,6 +41,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the controller's read caches' bound (controller.view_cache_mib)",
     )
     parser.add_argument("--list-every-s", type=float, default=30.0)
+    parser.add_argument(
+        "--list-page",
+        type=int,
+        default=JOBS_PAGE,
+        help="jobs per call of each listing (0: the whole list in one call, as before)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     spec = SPEC.format(name="soak", workers=args.workers, view_cache_mib=args.view_cache_mib)
@@ -59,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             fault_every_s=args.fault_every_s,
             sample_every_s=args.sample_every_s,
             list_every_s=args.list_every_s,
+            list_page=args.list_page or None,
             seed=args.seed,
         )
         began = time.monotonic()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -271,6 +272,23 @@ def test_jobs_filter_and_limit_keep_id_order(store: Store) -> None:
     assert [j.id for j in store.jobs([JobState.QUEUED])] == [ids[0], *ids[2:]]
     assert [j.id for j in store.jobs(limit=2)] == ids[-2:]  # the newest two, oldest first
     assert store.jobs([JobState.RUNNING]) == []
+
+
+def test_job_heads_come_a_page_at_a_time_after_a_cursor(store: Store) -> None:
+    with store.transaction():
+        ids = [store.insert_job(f"j{i}", {"command": ["x"]}, float(i)) for i in range(5)]
+        store.update_job(ids[1], 9.0, state=JobState.COMPLETED)
+
+    def heads(**kw: Any) -> list[int]:
+        return [h[0] for h in store.job_heads(**kw)]
+
+    assert heads(after=0, limit=2) == ids[:2]
+    assert heads(after=ids[1], limit=2) == ids[2:4]
+    assert heads(after=ids[3], limit=2) == ids[4:]
+    assert heads(after=ids[4], limit=2) == []
+    assert heads(after=ids[2]) == ids[3:]
+    assert heads(states=[JobState.QUEUED], after=ids[0], limit=2) == ids[2:4]
+    assert heads(limit=2) == ids[-2:]  # no cursor: the newest two, oldest first
 
 
 # -- durability ----------------------------------------------------------------------------

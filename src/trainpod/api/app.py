@@ -49,7 +49,7 @@ from trainpod.api.models import (
     UserInfo,
     Whoami,
 )
-from trainpod.api.params import ROW_MAX, Count, JobId, MaybeJob, Offset, Rank, StepNo
+from trainpod.api.params import ROW_MAX, After, Count, JobId, MaybeJob, Offset, Rank, StepNo
 from trainpod.api.throttle import AuthThrottle
 from trainpod.controller.access import AGENT, Action, Principal, operator
 from trainpod.controller.core import Controller
@@ -241,10 +241,11 @@ def create_app(
         return controller.access.revoke(who, name, req.token_id)
 
     @app.get("/v1/jobs", response_model=list[JobInfo])
-    def jobs(who: Caller, all: bool = True, limit: Count = None) -> Response:
+    def jobs(who: Caller, all: bool = True, limit: Count = None, after: After = None) -> Response:
         # Serialised by the views (ended jobs once), not validated again here; env values
-        # are the owner's and admins' (controller/access.py: sees_env).
-        body = controller.jobs_json(include_ended=all, limit=limit, viewer=who)
+        # are the owner's and admins' (controller/access.py: sees_env). A page (`after`)
+        # bounds what one call builds: a history of 100,000 jobs is ~140 MB of JSON at once.
+        body = controller.jobs_json(include_ended=all, limit=limit, viewer=who, after=after)
         return Response(content=body, media_type="application/json")
 
     @app.get("/v1/jobs/{job_id}", response_model=JobInfo)

@@ -16,5 +16,14 @@ JobId = Annotated[int, PathParam(ge=0, le=ROW_MAX, description="a job's id")]
 StepNo = Annotated[int, PathParam(ge=0, le=ROW_MAX, description="a step's number")]
 MaybeJob = Annotated[int | None, Query(ge=0, le=ROW_MAX, description="a job's id")]
 Count = Annotated[int | None, Query(ge=0, le=ROW_MAX, description="at most this many")]
+After = Annotated[
+    int | None,
+    Query(
+        ge=0,
+        le=ROW_MAX,
+        description="a page: only jobs with a higher id, oldest first; `limit` then keeps the "
+        "first of them (without `after`, the newest)",
+    ),
+]
 Rank = Annotated[int, Query(ge=0, le=ROW_MAX, description="a rank of the job")]
 Offset = Annotated[int, Query(ge=0, le=ROW_MAX, description="bytes into the log")]

@@ -48,6 +48,8 @@ _ANY: TypeAdapter[Any] = TypeAdapter(Any)
 _ENERGY = TypeAdapter(JobEnergy)
 _JOB = TypeAdapter(wire.JobInfo)
 _JOBS = TypeAdapter(list[wire.JobInfo])
+JOBS_PAGE = 500
+"""Jobs a listing reads per call (``TrainpodClient.jobs``): ~0.7 MB of JSON."""
 _PLAN = TypeAdapter(wire.LaunchPlan)
 _LOGS = TypeAdapter(wire.LogChunk)
 _EVENTS = TypeAdapter(list[wire.EventInfo])
@@ -259,9 +261,28 @@ class TrainpodClient:
     def plan(self, spec: JobSpec) -> wire.LaunchPlan:
         return self._call("POST", "/v1/jobs:plan", _PLAN, body=spec)
 
-    def jobs(self, *, include_ended: bool = True, limit: int | None = None) -> list[wire.JobInfo]:
-        params = {"all": include_ended, "limit": limit}
-        return self._call("GET", "/v1/jobs", _JOBS, params=params)
+    def jobs(
+        self, *, include_ended: bool = True, limit: int | None = None, page: int | None = JOBS_PAGE
+    ) -> list[wire.JobInfo]:
+        """The jobs, oldest first (``limit``: the newest ``limit`` of them, in one call).
+        Without a limit the list is read ``page`` jobs a call, each page after the last
+        one's highest id, so neither side builds a long history in one response; a job
+        submitted meanwhile comes in the last page, one that changes state meanwhile as it
+        was when its page was read. ``page=None``: the whole list in one call."""
+        if limit is not None or page is None:
+            params: dict[str, object] = {"all": include_ended, "limit": limit}
+            return self._call("GET", "/v1/jobs", _JOBS, params=params)
+        if page < 1:
+            raise ValueError(f"page must be at least 1, not {page}")
+        out: list[wire.JobInfo] = []
+        after = 0  # ids start at 1
+        while True:
+            params = {"all": include_ended, "limit": page, "after": after}
+            got = self._call("GET", "/v1/jobs", _JOBS, params=params)
+            out.extend(got)
+            if len(got) < page:
+                return out
+            after = got[-1].id
 
     def job(self, job_id: int) -> wire.JobInfo:
         return self._call("GET", f"/v1/jobs/{job_id}", _JOB)

@@ -310,11 +310,15 @@ class Controller:
         return self.views.jobs(include_ended, limit)
 
     def jobs_json(
-        self, include_ended: bool = True, limit: int | None = None, viewer: Principal | None = None
+        self,
+        include_ended: bool = True,
+        limit: int | None = None,
+        viewer: Principal | None = None,
+        after: int | None = None,
     ) -> bytes:
         """:meth:`job_infos` serialised, as ``GET /v1/jobs`` sends it to ``viewer`` (ended
-        jobs cached; env values hidden as in :meth:`job_info`)."""
-        return self.views.jobs_json(include_ended, limit, viewer)
+        jobs cached; env values hidden as in :meth:`job_info`); ``after``: a page of them."""
+        return self.views.jobs_json(include_ended, limit, viewer, after)
 
     def event_infos(
         self,

@@ -97,15 +97,16 @@ class Views:
         include_ended: bool = True,
         limit: int | None = None,
         viewer: Principal | None = None,
+        after: int | None = None,
     ) -> bytes:
         """:meth:`jobs` as the JSON the API sends ``viewer``, with what cannot change any
         more cached: a job that ended more than FROZEN_AFTER_S ago is serialised once (with
         its env and with its env hidden), so a dashboard listing ten thousand jobs rebuilds
-        only the live ones."""
+        only the live ones. ``after``: a page, the first ``limit`` jobs with a higher id."""
         states = None if include_ended else [s for s in JobState if not s.ended]
         with self._lock:
             now = self._now()
-            heads = self.store.job_heads(states, limit=limit)
+            heads = self.store.job_heads(states, limit=limit, after=after)
             cached: dict[int, _Json] = {}  # taken now: another view may evict meanwhile
             live: list[int] = []
             ended: list[int] = []

@@ -395,27 +395,45 @@ class Store:
         return [JobRow.from_sql(r) for r in self._select_jobs("*", states, limit)]
 
     def _select_jobs(
-        self, columns: str, states: Sequence[JobState] | None, limit: int | None
+        self,
+        columns: str,
+        states: Sequence[JobState] | None,
+        limit: int | None,
+        after: int | None = None,
     ) -> sqlite3.Cursor:
         """``columns`` of the jobs in ``states`` (None: all), oldest first; with ``limit``,
-        the newest ``limit`` of them."""
-        sql = f"SELECT {columns} FROM jobs"
+        the newest ``limit`` of them. With ``after``, only ids above it, and ``limit`` keeps
+        the first ``limit`` of those: a page, by key (no OFFSET scan however deep)."""
+        where: list[str] = []
         args: list[Any] = []
         if states is not None:
-            sql += f" WHERE state IN ({','.join('?' * len(states))})"
+            where.append(f"state IN ({','.join('?' * len(states))})")
             args.extend(s.value for s in states)
+        if after is not None:
+            where.append("id > ?")
+            args.append(after)
+        sql = f"SELECT {columns} FROM jobs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id"
-        if limit is not None:
+        if limit is not None and after is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        elif limit is not None:
             sql = f"SELECT * FROM ({sql} DESC LIMIT ?) ORDER BY id"
             args.append(limit)
         return self._conn.execute(sql, args)
 
     def job_heads(
-        self, states: Sequence[JobState] | None = None, limit: int | None = None
+        self,
+        states: Sequence[JobState] | None = None,
+        limit: int | None = None,
+        after: int | None = None,
     ) -> list[tuple[int, JobState, float, float | None]]:
         """(id, state, updated_at, ended_at) of the jobs :meth:`jobs` would return, in the
-        same order, without reading their specs: list views decide what to rebuild."""
-        rows = self._select_jobs("id, state, updated_at, ended_at", states, limit)
+        same order, without reading their specs: list views decide what to rebuild. With
+        ``after``: only ids above it, and ``limit`` keeps the first of them (a page)."""
+        rows = self._select_jobs("id, state, updated_at, ended_at", states, limit, after)
         return [(int(r[0]), JobState(r[1]), r[2], r[3]) for r in rows]
 
     def jobs_before(

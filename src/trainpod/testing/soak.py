@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 
 from trainpod.api.models import ChaosFault, ChaosRequest, JobInfo
-from trainpod.client.http import TrainpodClient
+from trainpod.client.http import JOBS_PAGE, TrainpodClient
 from trainpod.errors import Conflict, Retryable
 from trainpod.paths import ClusterPaths
 from trainpod.spec.job import JobSpec
@@ -290,10 +290,12 @@ class Soak:
         cancel_every: int = 6,
         sample_every_s: float = 5.0,
         list_every_s: float = 30.0,
+        list_page: int | None = JOBS_PAGE,
         seed: int = 0,
     ) -> None:
         """``list_every_s``: how often the whole job list is read, as a dashboard or
-        ``trainpod jobs --all`` would (every job the soak has run, ended ones too)."""
+        ``trainpod jobs --all`` would (every job the soak has run, ended ones too);
+        ``list_page``: jobs per call of that read (None: the whole list in one call)."""
         self.client = client
         self.sampler = sampler
         self.workdir = workdir
@@ -306,6 +308,7 @@ class Soak:
         self.cancel_every = cancel_every
         self.sample_every_s = sample_every_s
         self.list_every_s = list_every_s
+        self.list_page = list_page
         self.rng = random.Random(seed)
         self.ledger = SoakLedger()
         self._live: dict[int, JobInfo] = {}
@@ -348,7 +351,7 @@ class Soak:
                 if time.monotonic() >= next_fault and self._inject():
                     next_fault = time.monotonic() + self.fault_every_s
                 if time.monotonic() >= next_list:
-                    self.listed = len(self.client.jobs(include_ended=True))
+                    self.listed = len(self.client.jobs(include_ended=True, page=self.list_page))
                     next_list = time.monotonic() + self.list_every_s
             except Retryable:
                 pass  # the controller busy for a moment: next round
