@@ -151,7 +151,10 @@ def test_damaged_object_falls_back_to_the_previous_step(
     with checkpointer(tmp_path / "a", s3) as ck:
         for step in (1, 2):
             ck.save(step, make_state(step))
-        assert ck.wait(timeout_s=30)
+            # Each step reaches S3 before the next is saved: saved back to back, step 1 is
+            # passed over for the newer one whenever its upload has not begun (a busy box),
+            # and there is nothing to fall back to. CI lost a run to it.
+            assert ck.wait(timeout_s=30)
     client, key = s3.client(), object_key(2, name)
     if damage is None:
         client.delete_object(Bucket=BUCKET, Key=key)

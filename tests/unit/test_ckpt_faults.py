@@ -57,7 +57,7 @@ def saved(tmp_path: Path) -> Iterator[Path]:
     with checkpointer(tmp_path) as ck:
         for step in (1, 2):
             ck.save(step, make_state(step))
-        assert ck.wait(30)
+            assert ck.wait(30)  # in every tier before the next: else step 1 may be passed over
         assert ck.close(release_memory=False)
     yield tmp_path
 

@@ -246,3 +246,27 @@ def test_the_writer_flushes_within_its_interval_without_another_beacon(tmp_path:
         assert [s for s, _ in got] == [1, 2, 3]
     finally:
         tap.close()
+
+
+def test_an_attempt_that_ends_before_its_first_write_still_has_its_steps(tmp_path: Path) -> None:
+    """A short job's beacons can all be queued when its attempt ends (the writer waits up to
+    its interval, longer on a busy node): the end writes them, it does not drop them."""
+    tap = TensorBoardTap(flush_every_s=3600.0)  # only the end can write them
+    try:
+        tap.watch(order(tmp_path, 1, [0], TRAINPOD_TENSORBOARD_DIR=str(tmp_path)))
+        tap.offer([(1, 0, s, float(s), {"loss": 1.0 / s}) for s in (1, 2, 3)])
+        tap.forget(1)
+
+        def on_disk() -> list[tuple[int, float]] | None:
+            run = tmp_path / STEPS_RUN
+            if not run.is_dir() or "metrics/loss" not in read(run).Tags()["scalars"]:
+                return None
+            got = scalars(read(run), "metrics/loss")
+            return got if len(got) == 3 else None
+
+        got = wait_until(on_disk, timeout_s=20, what="the ended attempt's three steps")
+        assert [s for s, _ in got] == [1, 2, 3]
+        tap.offer([(1, 0, 4, 4.0, {"loss": 0.1})])  # a straggler after the end: not written
+    finally:
+        tap.close()
+    assert [s for s, _ in scalars(read(tmp_path / STEPS_RUN), "metrics/loss")] == [1, 2, 3]

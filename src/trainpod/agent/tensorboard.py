@@ -68,7 +68,9 @@ class TensorBoardTap:
         self._watched: dict[int, tuple[Path, int, str]] = {}  # attempt id -> (dir, n, reason)
         self._writers: dict[int, StepScalars] = {}  # opened on an attempt's first beacon
         self._batch_since: float | None = None  # when the oldest queued beacon came
-        self._closing: list[int] = []
+        self._closing: list[tuple[int, tuple[Path, int, str]]] = []
+        """Attempts that ended, with where they write: their queued beacons are still
+        written (the first may not have been: a short job's all wait for the same flush)."""
         self._forgotten: set[int] = set()  # ended here: a repeated launch order is not watched
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="tensorboard", daemon=True)
@@ -95,8 +97,9 @@ class TensorBoardTap:
         """The attempt ended here: write what is queued of it, then close its file."""
         with self._lock:
             self._forgotten.add(attempt_id)
-            if self._watched.pop(attempt_id, None) is not None:
-                self._closing.append(attempt_id)
+            where = self._watched.pop(attempt_id, None)
+            if where is not None:
+                self._closing.append((attempt_id, where))
                 self._wake.notify()
 
     def offer(self, batch: Iterable[Beacon]) -> None:
@@ -135,13 +138,13 @@ class TensorBoardTap:
                 self._queue.clear()
                 self._batch_since = None
                 closing, self._closing = self._closing, []
-                watched = dict(self._watched)
+                watched = {**self._watched, **dict(closing)}
                 stopped = self._stopped
             try:
                 self._write(batch, watched)
             except Exception:  # a full or gone shared dir: the agent goes on without it
                 log.exception("tensorboard: writing beacons failed")
-            for attempt_id in closing + (list(self._writers) if stopped else []):
+            for attempt_id in [a for a, _ in closing] + (list(self._writers) if stopped else []):
                 writer = self._writers.pop(attempt_id, None)
                 try:
                     if writer is not None:
