@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -15,12 +18,14 @@ from trainpod.api.models import ClusterInfo, EventInfo, JobInfo, NodeInfo, Order
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.core import Controller
 from trainpod.controller.external import Scheduling
+from trainpod.controller.ports import free_port
 from trainpod.controller.repair import Replacer
 from trainpod.controller.transitions import Transitions
 from trainpod.scheduler.base import Scheduler
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
 from trainpod.testing import FakeAgent, FakeClock, FakeGroup, make_config
+from trainpod.testing.wait import wait_until
 
 PORT = 29500
 ADMIN_TOKEN = "admin-secret"
@@ -153,6 +158,27 @@ def issue_tokens(http: TestClient, *users: str) -> dict[str, str]:
         assert r.status_code == 201, r.text
         tokens[name] = str(r.json()["token"])
     return tokens
+
+
+@contextmanager
+def serve(c: Cluster, timeout_s: float = 20.0) -> Iterator[str]:
+    """The cluster's controller behind a real HTTP server (uvicorn on a free loopback port,
+    ADMIN_TOKEN and AGENT_TOKEN); yields its URL."""
+
+    def info() -> ClusterInfo:
+        raise AssertionError("not used")
+
+    app = create_app(c.controller, admin_token=ADMIN_TOKEN, agent_token=AGENT_TOKEN, info=info)
+    port = free_port("127.0.0.1")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, timeout_s=timeout_s, what="the API server started")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout_s)
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -7,21 +7,16 @@ answers other calls while they wait, and a submission reaches every parked agent
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 
-from trainpod.api.app import create_app
-from trainpod.api.models import ClusterInfo, Orders
-from trainpod.controller.ports import free_port
+from trainpod.api.models import Orders
 from trainpod.testing import FakeGroup
-from trainpod.testing.wait import wait_until
 
-from .conftest import Cluster, MakeCluster
+from .conftest import Cluster, MakeCluster, serve
 
 AGENTS = 60  # > anyio's default 40 worker threads
 ADMIN = {"Authorization": "Bearer admin-secret"}
@@ -34,23 +29,8 @@ DEADLINE_S = 20.0  # generous bound on what must happen at once; never reached w
 def served(make_cluster: MakeCluster) -> Iterator[tuple[Cluster, str]]:
     c = make_cluster(groups=(FakeGroup("workers", AGENTS, devices=1),))
     c.up()
-
-    def info() -> ClusterInfo:
-        raise AssertionError("not used")
-
-    app = create_app(
-        c.controller, admin_token="admin-secret", agent_token="agent-secret", info=info
-    )
-    port = free_port("127.0.0.1")
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, timeout_s=DEADLINE_S, what="the API server started")
-    try:
-        yield c, f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(DEADLINE_S)
+    with serve(c, timeout_s=DEADLINE_S) as url:
+        yield c, url
 
 
 def test_parked_long_polls_hold_no_thread_and_all_wake_on_a_change(

@@ -4,22 +4,16 @@ however the pages fall."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-from trainpod.api.app import create_app
-from trainpod.api.models import ClusterInfo
 from trainpod.client.http import TrainpodClient
-from trainpod.controller.ports import free_port
 from trainpod.testing import FakeGroup
-from trainpod.testing.wait import wait_until
 
-from .conftest import Cluster, MakeCluster
+from .conftest import Cluster, MakeCluster, serve
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 
@@ -28,23 +22,8 @@ ADMIN = {"Authorization": "Bearer admin-secret"}
 def served(make_cluster: MakeCluster) -> Iterator[tuple[Cluster, str]]:
     c = make_cluster(groups=(FakeGroup("workers", 1, devices=1),))
     c.up()
-
-    def info() -> ClusterInfo:
-        raise AssertionError("not used")
-
-    app = create_app(
-        c.controller, admin_token="admin-secret", agent_token="agent-secret", info=info
-    )
-    port = free_port("127.0.0.1")
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, timeout_s=20, what="the API server started")
-    try:
-        yield c, f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(20)
+    with serve(c) as url:
+        yield c, url
 
 
 def _ids(url: str, **params: Any) -> list[int]:

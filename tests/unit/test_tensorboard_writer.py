@@ -228,21 +228,25 @@ def test_records_are_tensorboards_own_bytes(data: bytes) -> None:
     assert record(data) == out.getvalue()
 
 
+def losses_on_disk(logdir: Path, n: int) -> list[tuple[int, float]] | None:
+    """The steps' losses in ``logdir``'s steps run once there are ``n`` of them, else None."""
+    run = logdir / STEPS_RUN
+    if not run.is_dir() or "metrics/loss" not in read(run).Tags()["scalars"]:
+        return None
+    got = scalars(read(run), "metrics/loss")
+    return got if len(got) == n else None
+
+
 def test_the_writer_flushes_within_its_interval_without_another_beacon(tmp_path: Path) -> None:
     tap = TensorBoardTap(flush_every_s=0.2)
     try:
         tap.watch(order(tmp_path, 1, [0], TRAINPOD_TENSORBOARD_DIR=str(tmp_path)))
         tap.offer([(1, 0, s, float(s), {"loss": 1.0 / s}) for s in (1, 2, 3)])
 
-        def on_disk() -> list[tuple[int, float]] | None:
-            run = tmp_path / STEPS_RUN
-            if not run.is_dir() or "metrics/loss" not in read(run).Tags()["scalars"]:
-                return None
-            got = scalars(read(run), "metrics/loss")
-            return got if len(got) == 3 else None
-
         # nothing more is offered and the file stays open: only the timed flush can do it
-        got = wait_until(on_disk, timeout_s=20, what="three steps flushed by the timer")
+        got = wait_until(
+            lambda: losses_on_disk(tmp_path, 3), timeout_s=20, what="three steps flushed"
+        )
         assert [s for s, _ in got] == [1, 2, 3]
     finally:
         tap.close()
@@ -257,14 +261,9 @@ def test_an_attempt_that_ends_before_its_first_write_still_has_its_steps(tmp_pat
         tap.offer([(1, 0, s, float(s), {"loss": 1.0 / s}) for s in (1, 2, 3)])
         tap.forget(1)
 
-        def on_disk() -> list[tuple[int, float]] | None:
-            run = tmp_path / STEPS_RUN
-            if not run.is_dir() or "metrics/loss" not in read(run).Tags()["scalars"]:
-                return None
-            got = scalars(read(run), "metrics/loss")
-            return got if len(got) == 3 else None
-
-        got = wait_until(on_disk, timeout_s=20, what="the ended attempt's three steps")
+        got = wait_until(
+            lambda: losses_on_disk(tmp_path, 3), timeout_s=20, what="the ended attempt's steps"
+        )
         assert [s for s, _ in got] == [1, 2, 3]
         tap.offer([(1, 0, 4, 4.0, {"loss": 0.1})])  # a straggler after the end: not written
     finally:
