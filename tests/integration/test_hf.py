@@ -25,6 +25,7 @@ import pytest
 from tests.integration.conftest import Cluster
 from trainpod.api.models import ChaosRequest, JobInfo
 from trainpod.cli.jobs import default_env
+from trainpod.controller.policy import teardown_abort as teardown_aborted
 from trainpod.paths import read_secret
 from trainpod.spec.job import JobSpec
 from trainpod.telemetry.tensorboard import tensorboard_dir
@@ -176,7 +177,12 @@ def test_a_preemption_notice_makes_hf_save_and_the_job_resumes_from_that_save(
     done = wait_done(cluster, job.id)
     first, second = done.attempts
     assert (first.cause, second.state) == ("preempted", "succeeded"), done.attempts
-    assert [r.exit_code for r in first.ranks] == [0, 0]  # it stopped on its own, saved
+    # It stopped on its own after saving, not at the grace's kill: each rank exited 0, or
+    # aborted in its interpreter's teardown after that (HF's Trainer never destroys its
+    # process group: pytorch/pytorch#179291), as the controller's own classifier tells.
+    for r in first.ranks:
+        tail = rank_log(cluster, job.id, 1, r.rank)[-3000:]
+        assert r.exit_code == 0 or teardown_aborted(r.signal, tail), (r, tail)
     m = re.search(
         r"notice received: saving checkpoint-(\d+), stopping", rank_log(cluster, job.id, 1)
     )
