@@ -3,6 +3,7 @@ under Ctrl-C."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -12,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from trainpod.backends.base import Backend
 from trainpod.backends.local import LocalBackend
@@ -93,3 +95,15 @@ def percentile(values: list[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and infinity (a figure with no samples, or too many unanswered) as null: JSON has
+    neither."""
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value

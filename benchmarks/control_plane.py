@@ -112,7 +112,7 @@ from typing import Any
 import httpx
 import psutil
 
-from benchkit import percentile, raise_interrupt, signals_ignored
+from benchkit import json_safe, percentile, raise_interrupt, signals_ignored
 from controlplanekit import (
     cpu_s,
     setup_state_dir,
@@ -182,16 +182,6 @@ def shape(value: Any) -> Any:
     if isinstance(value, list):
         return [shape(value[0])] if value else []
     return "*"
-
-
-def json_safe(value: Any) -> Any:
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
 
 
 # -- the dashboard and the submitter ------------------------------------------------------------

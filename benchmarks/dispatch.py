@@ -88,7 +88,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchkit import copy_logs, delete_cluster, raise_interrupt, signals_ignored
+from benchkit import copy_logs, delete_cluster, json_safe, raise_interrupt, signals_ignored
 from dispatchkit import (
     BurstResult,
     CpuMeter,
@@ -104,7 +104,6 @@ from dispatchkit import (
 from dispatchreport import (
     BACKENDS,
     comparison,
-    json_safe,
     latency_results,
     loadavg,
     machine,

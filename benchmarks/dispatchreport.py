@@ -25,17 +25,6 @@ def machine() -> dict[str, Any]:
     }
 
 
-def json_safe(value: Any) -> Any:
-    """NaN (a figure with no samples) as null: JSON has no NaN."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
-
-
 def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
