@@ -320,3 +320,32 @@ def test_meta_upserts(store: Store) -> None:
         store.set_meta("k", "1")
         store.set_meta("k", "2")
     assert store.get_meta("k") == "2"
+
+
+def test_the_scheduling_pass_reads_attempts_by_index_not_by_scan(
+    store: Store, conn: sqlite3.Connection
+) -> None:
+    """Every pass reads the live attempts and the ones that held nodes lately (fair share);
+    neither may scan every attempt the cluster ever ran (migration 12)."""
+    with store.transaction():
+        ids = []
+        for i, state in enumerate(AttemptState):
+            job = store.insert_job(f"j{i}", {"command": ["x"], "team": "a"}, float(i))
+            ids.append(store.insert_attempt(job, 1, [f"n-{i}"], "h", 29500, 1, float(i)))
+            ended = {"ended_at": 10.0 + i} if state.ended else {}
+            store.update_attempt(ids[-1], state=state, **ended)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    live = store.active_attempts()
+    lately = store.usage_since(14.0)  # succeeded ended at 13, failed 14, cancelled 15
+    conn.set_trace_callback(None)
+    assert [a.state for a in live] == [s for s in AttemptState if not s.ended]
+    assert [a.id for a in live] == sorted(a.id for a in live)
+    by_state = dict(zip(AttemptState, ids, strict=True))
+    late = [by_state[s] for s in AttemptState if s is not AttemptState.SUCCEEDED]
+    assert sorted(row[0] for row in lately) == late
+    selects = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    assert len(selects) == 2, statements
+    for sql in selects:
+        plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}")]
+        assert not [step for step in plan if step.startswith("SCAN")], (sql, plan)

@@ -205,4 +205,12 @@ MIGRATIONS: list[str] = [
         json_extract(spec, '$.partition')
     );
     """,
+    # 12: what every scheduling pass reads, under the controller's lock, found by index
+    # rather than by a scan of every attempt the cluster ever ran: the live attempts (by
+    # state) and the attempts that held nodes lately (by end, or none yet: fair share).
+    # At 100,000 attempts the two scans cost ~27 ms a pass.
+    """
+    CREATE INDEX attempts_state ON attempts(state);
+    CREATE INDEX attempts_ended_at ON attempts(ended_at);
+    """,
 ]

@@ -529,13 +529,12 @@ class Store:
         return [AttemptRow.from_sql(r) for r in rows]
 
     def active_attempts(self) -> list[AttemptRow]:
-        ended = (
-            AttemptState.SUCCEEDED.value,
-            AttemptState.FAILED.value,
-            AttemptState.CANCELLED.value,
-        )
+        """Attempts not ended, oldest first: by ``attempts_state`` (an ``IN`` of the live
+        states, which the index serves; a ``NOT IN`` of the ended ones scans every row)."""
+        live = [s.value for s in AttemptState if not s.ended]
         rows = self._conn.execute(
-            "SELECT * FROM attempts WHERE state NOT IN (?,?,?) ORDER BY id", ended
+            f"SELECT * FROM attempts WHERE state IN ({','.join('?' * len(live))}) ORDER BY id",
+            live,
         )
         return [AttemptRow.from_sql(r) for r in rows]
 
