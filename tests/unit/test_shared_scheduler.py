@@ -232,6 +232,30 @@ def test_no_double_preemption_while_victims_are_stopping_and_their_nodes_are_kep
     assert second["hold"][4] == second["hold"][3]
 
 
+def test_quota_a_preemptor_frees_is_not_given_to_a_lower_job_of_its_team_meanwhile() -> None:
+    """Seen in a quota replay: job 3 (2 nodes) preempted its team's low job 1 for quota
+    while nodes were free, and the same pass placed the team's other low job 2 on that
+    quota; the next pass preempted job 2 for job 3 and placed job 1 again, ~90 times in 13 s,
+    while job 3 waited. The quota a preemptor frees is its own from the preemption on."""
+    policy = teams(TeamPolicy("speech", {"gpu": 2}, borrow=False), TeamPolicy("nlp", {"gpu": 4}))
+    run = [running(1, ["gpu-0"], team="speech", priority=LOW)]
+    queue = [queued(3, 2, "speech", priority=NORMAL), queued(2, 1, "speech", priority=LOW)]
+    sched = SharedScheduler(policy)
+    first = by_kind(sched.plan(snapshot(100.0, queue, run, size=6)))
+    assert list(first["preempt"]) == [1]
+    assert first["place"] == {}  # job 2 would take the quota job 3 preempted job 1 for
+    assert str(first["hold"][2]).startswith("waiting for quota: team speech"), first["hold"]
+    # job 1 stopping: job 3 waits for its quota, and job 2 still may not take it
+    stopping = [replace(run[0], stopping=True)]
+    second = by_kind(sched.plan(snapshot(101.0, queue, stopping, size=6)))
+    assert second["preempt"] == {} and second["place"] == {}
+    assert "reserved for this job" in str(second["hold"][3])
+    # job 1 gone: job 3 starts, and job 2 waits for quota
+    third = by_kind(sched.plan(snapshot(102.0, [*queue, queued(1, 1, "speech", LOW)], [], size=6)))
+    assert list(third["place"]) == [3]
+    assert set(third["hold"]) == {1, 2}
+
+
 # -- backfill ---------------------------------------------------------------------------------
 def test_backfill_fills_a_gap_without_delaying_the_head_job() -> None:
     run = [running(1, ["gpu-0", "gpu-1"], started=0.0, limit=100.0)]

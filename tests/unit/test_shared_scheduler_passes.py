@@ -288,6 +288,27 @@ def test_a_team_at_its_quota_preempts_its_own_lower_job_for_a_higher_one() -> No
     assert by_kind(sched.plan(snapshot(120.0, queue, [])))["place"] == {2: ("gpu-0",)}
 
 
+def test_a_preemptor_waiting_for_its_quota_is_not_overtaken_by_its_teams_lower_jobs() -> None:
+    """Over passes, as the controller runs them: each low job of the team is preempted at
+    most once for the normal job, which starts one grace period after it asked."""
+    policy = replace(
+        teams(TeamPolicy("speech", {"gpu": 2}, borrow=False), TeamPolicy("nlp", {"gpu": 4})),
+        grace_s=1.0,
+    )
+    sim = Sim(SharedScheduler(policy), size=6)
+    sim.submit(queued(1, 1, "speech", priority=LOW), runtime=1000.0)
+    sim.step()
+    sim.advance(5.0)
+    sim.submit(queued(3, 2, "speech", priority=NORMAL), runtime=100.0)
+    sim.submit(queued(2, 1, "speech", priority=LOW), runtime=1000.0)
+    for _ in range(20):
+        sim.step()
+        sim.advance(0.5)
+    assert sim.preempted == [1]  # once; job 2 never took the quota job 1 gave back
+    assert sim.started[3] == 6.0  # the grace after the preemption at 5
+    assert 2 not in sim.started and 1 not in sim.run  # both wait behind job 3's quota
+
+
 def test_a_large_job_waiting_on_a_job_of_unknown_end_is_not_starved_either() -> None:
     # job 1 declares no time limit, so job 100 has no estimate while it runs; small jobs
     # backfill meanwhile, but once job 1 ends the large one gets the next nodes to free up

@@ -9,7 +9,8 @@ job, in turn:
    partition are free now (free nodes an earlier job has claimed count only for a job whose
    time limit ends before that job's expected start: backfill), it is placed;
 3. else, if nodes of jobs being stopped would make it fit, it claims them and waits: no one
-   is preempted twice for the same need;
+   is preempted twice for the same need, and the quota they give back is its own (steps 3
+   and 4: no later job of its team is placed on it meanwhile, to be its next victim);
 4. else it looks for victims: strictly lower-priority preemptible jobs (of its own team, of
    borrowing teams, or of anyone when no teams are configured), and, for a team within its
    quota, borrowed work of other teams (reclaim). Lowest priority first, then least work
@@ -219,6 +220,7 @@ class Pass:
             if waits is not None:
                 if not waits:  # the nodes are free; its quota comes back once these stop
                     waits = self.stopping_quota_for(job)
+                self.claim_quota(job)
                 self.block(job)
                 self.hold(job, pos, f"{waiting_for(waits)} (its nodes are reserved for this job)")
                 return
@@ -226,6 +228,7 @@ class Pass:
             victims = self.search.find(job)
         if victims.found and victims.protected_until is None and victims.unstarted is None:
             self.preempt(job, victims.jobs)
+            self.claim_quota(job)
             self.block(job)
             ids = [v.id for v in victims.jobs]
             self.hold(job, pos, f"{waiting_for(ids)} (preempted for this job)")
@@ -233,6 +236,7 @@ class Pass:
         if victims.found:
             # it will preempt them once it may: no later job counts on them meanwhile
             self.block(job)
+            self.claim_quota(job)
             self.cap.promise([v.id for v in victims.jobs])
             until = victims.protected_until
             r = self.cap.reserve(groups, n, job.time_limit_s, job.id, hold_until=until)
@@ -254,6 +258,13 @@ class Pass:
         r = self.cap.reserve(groups, n, job.time_limit_s, job.id)
         self.block(job)
         self.hold(job, pos, reason, r.start)
+
+    def claim_quota(self, job: QueuedJob) -> None:
+        """``job`` will start once the jobs it preempts or waits for have stopped: the quota
+        they give back is its own from now on, so no later job of its team is placed on it
+        in the meantime (such a job would be the next victim, preempted and placed again
+        in turn while ``job`` waits: a livelock seen in a quota replay)."""
+        self.quotas.add(job.team, job.partition, job.nodes)
 
     def wait_reason(self, job: QueuedJob, free: int | None = None) -> str:
         """Why a job waits for nodes: nodes an earlier job has claimed, or too few idle
