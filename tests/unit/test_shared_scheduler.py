@@ -256,6 +256,31 @@ def test_quota_a_preemptor_frees_is_not_given_to_a_lower_job_of_its_team_meanwhi
     assert set(third["hold"]) == {1, 2}
 
 
+def test_a_victim_s_quota_is_not_lent_to_its_preemptor_since_it_wants_it_back() -> None:
+    """Seen in a quota replay: an nlp job of 4 nodes (quota 2) preempted speech's low job
+    to borrow speech's quota; once queued, that job wanted its quota back, so the next pass
+    refused the nlp job and placed the speech job again, to be preempted again, 36 times.
+    A victim's quota, when it fits in it, is not lendable to its preemptor."""
+    policy = teams(
+        TeamPolicy("speech", {"gpu": 2}),
+        TeamPolicy("nlp", {"gpu": 2}),
+        TeamPolicy("vision", {"gpu": 2}),
+    )
+    run = [
+        running(1, ["gpu-0"], team="speech", priority=HIGH),
+        running(2, ["gpu-1", "gpu-2"], team="speech", priority=LOW),
+        running(3, ["gpu-3", "gpu-4"], team="nlp", priority=LOW, stopping=True),
+        running(4, ["gpu-5"], team="vision", priority=LOW),
+    ]
+    sched = SharedScheduler(policy)
+    d = by_kind(sched.plan(snapshot(100.0, [queued(5, 4, "nlp", priority=NORMAL)], run, size=6)))
+    assert d["preempt"] == {} and d["place"] == {}
+    assert str(d["hold"][5]).startswith("waiting for quota: team nlp"), d["hold"]
+    # the same victim would do for a job of its own size whose team has the quota to lend
+    within = by_kind(sched.plan(snapshot(100.0, [queued(6, 2, "nlp", NORMAL)], run[:2], size=6)))
+    assert within["place"] == {6: ("gpu-3", "gpu-4")} and within["preempt"] == {}
+
+
 # -- backfill ---------------------------------------------------------------------------------
 def test_backfill_fills_a_gap_without_delaying_the_head_job() -> None:
     run = [running(1, ["gpu-0", "gpu-1"], started=0.0, limit=100.0)]

@@ -83,19 +83,35 @@ class Quotas:
         return got
 
     def refusal(
-        self, team: str, part: str, nodes: int, minus: Mapping[Key, int] | None = None
+        self,
+        team: str,
+        part: str,
+        nodes: int,
+        minus: Mapping[Key, int] | None = None,
+        back: Mapping[Key, int] | None = None,
     ) -> str | None:
         """Why ``nodes`` more for the team would break the quota rules (None: they would
-        not), with the nodes in ``minus`` already given back."""
-        if minus:
-            return self._refusal(team, part, nodes, minus)
+        not), with the nodes in ``minus`` already given back; ``back``: of those, the nodes
+        of jobs that go back to the queue (preempted) and want their team's quota again."""
+        if minus or back:
+            return self._refusal(team, part, nodes, minus, back)
         key = (team, part, nodes)
         if key not in self._refusals:
-            self._refusals[key] = self._refusal(team, part, nodes, None)
+            self._refusals[key] = self._refusal(team, part, nodes, None, None)
         return self._refusals[key]
 
+    def wants_back(self, team: str, part: str, nodes: int) -> int:
+        """The quota a preempted job of ``nodes`` asks for again once queued: all of it if
+        it fits its team's quota, none if it must borrow (as for the queue: ``wanted``)."""
+        return nodes if nodes <= self.quota(team, part) else 0
+
     def _refusal(
-        self, team: str, part: str, nodes: int, minus: Mapping[Key, int] | None
+        self,
+        team: str,
+        part: str,
+        nodes: int,
+        minus: Mapping[Key, int] | None,
+        back: Mapping[Key, int] | None = None,
     ) -> str | None:
         t = self.teams.get(team)
         if t is None:
@@ -113,7 +129,7 @@ class Quotas:
                 f"waiting for quota: {where}; it may borrow {t.borrow_limit} beyond it"
                 f" and this job needs {nodes}"
             )
-        pool = self.lendable(team, part, minus)
+        pool = self.lendable(team, part, minus, back)
         if need > pool:
             return (
                 f"waiting for quota: {where}; other teams have {max(pool, 0)} idle nodes"
@@ -121,15 +137,23 @@ class Quotas:
             )
         return None
 
-    def lendable(self, team: str, part: str, minus: Mapping[Key, int] | None = None) -> int:
+    def lendable(
+        self,
+        team: str,
+        part: str,
+        minus: Mapping[Key, int] | None = None,
+        back: Mapping[Key, int] | None = None,
+    ) -> int:
         """Nodes ``team`` could borrow in ``part``: others' idle lent quota (neither used
-        nor wanted by their queued jobs) and the nodes in no quota, less what other teams
-        borrow already."""
+        nor wanted by their queued jobs, nor by jobs going back to the queue: ``back``) and
+        the nodes in no quota, less what other teams borrow already."""
         pool = self.unassigned.get(part, 0)
         for other in self.teams.values():
             if other.name != team and other.lend:
+                key = (other.name, part)
                 idle = other.quota_in(part) - self.used_by(other.name, part, minus)
-                pool += max(0, idle - self.wanted.get((other.name, part), 0))
+                wanted = self.wanted.get(key, 0) + (back or {}).get(key, 0)
+                pool += max(0, idle - wanted)
         for other_name in self.used.get(part, {}):
             if other_name != team:
                 pool -= max(0, self.used_by(other_name, part, minus) - self.quota(other_name, part))

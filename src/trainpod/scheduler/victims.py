@@ -11,7 +11,10 @@ start), then lowest id. A job may take:
 Never one inside its minimum run time: if only such a set would do, the job waits for the
 time the last of them leaves it, and the set is promised to it (no later job in the pass
 counts on those jobs). Victims are added in order until the job could start (its
-nodes and its quota), then those that turned out unneeded are dropped, as Kueue does.
+nodes and its quota), then those that turned out unneeded are dropped, as Kueue does. A
+victim goes back to the queue and wants its team's quota again (if it fits in it): that
+quota is not lent to the job that preempts it, or the next pass would find the job refused
+and the victim placed again, to be preempted again (a livelock seen in a quota replay).
 
 A search remembers, for the rest of a pass, what it could not find: the pass only makes
 victims scarcer (victims taken, releases counted on, quota used), and a lower priority or a
@@ -167,6 +170,7 @@ class VictimSearch:
         q = self.quotas
         chosen: list[Candidate] = []
         minus: Counter[Key] = Counter(self.stopping_use)
+        back: Counter[Key] = Counter()
         got = base
         for cand in cands:
             if cand.protected and not protected_ok:
@@ -175,9 +179,12 @@ class VictimSearch:
             if q.active and c.team != job.team and not q.borrowing(c.team, c.partition, minus):
                 continue
             chosen.append(cand)
-            minus[(c.team, c.partition)] += len(c.nodes)
+            key = (c.team, c.partition)
+            minus[key] += len(c.nodes)
+            back[key] += q.wants_back(c.team, c.partition, len(c.nodes))
             got += cand.useful
-            if got >= job.nodes and q.refusal(job.team, job.partition, job.nodes, minus) is None:
+            refusal = q.refusal(job.team, job.partition, job.nodes, minus, back)
+            if got >= job.nodes and refusal is None:
                 break
         else:
             return None
@@ -190,7 +197,11 @@ class VictimSearch:
     def feasible(self, job: QueuedJob, victims: list[Candidate], base: int) -> bool:
         if base + sum(v.useful for v in victims) < job.nodes:
             return False
+        q = self.quotas
         minus: Counter[Key] = Counter(self.stopping_use)
+        back: Counter[Key] = Counter()
         for v in victims:
-            minus[(v.job.team, v.job.partition)] += len(v.job.nodes)
-        return self.quotas.refusal(job.team, job.partition, job.nodes, minus) is None
+            key = (v.job.team, v.job.partition)
+            minus[key] += len(v.job.nodes)
+            back[key] += q.wants_back(v.job.team, v.job.partition, len(v.job.nodes))
+        return q.refusal(job.team, job.partition, job.nodes, minus, back) is None
