@@ -24,7 +24,7 @@ from trainpod.testing.soak import MEASURES, SPEC, Sample, Sampler, Soak, gpt_arg
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.benchkit import local_cluster  # noqa: E402
+from benchmarks.benchkit import json_safe, local_cluster  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                 c.paths,
                 [n.name for n in c.client.nodes()],
                 lambda proc: read_pid(c.paths.pid_file(proc)),
+                metrics=c.client.metrics,
             ),
             workdir,
             default_env(),
@@ -82,19 +83,21 @@ def main(argv: list[str] | None = None) -> int:
         at_rest = {n: [m(result.baseline), m(result.final)] for n, m in MEASURES.items()}
         args.json.write_text(
             json.dumps(
-                {
-                    "minutes": args.minutes,
-                    "view_cache_mib": args.view_cache_mib,
-                    "jobs": len(result.ledger.expected),
-                    "faults": len(result.ledger.faults),
-                    "faults_refused": soak.missed,
-                    "mismatches": result.mismatches(),
-                    "growth_per_hour": result.growth(),
-                    "at_rest_before_after": at_rest,
-                    "leaks_at_rest": result.leaks_at_rest(),
-                    "load_1min_end": round(os.getloadavg()[0], 2),
-                    "by_minute": by_minute(result.samples),
-                },
+                json_safe(
+                    {
+                        "minutes": args.minutes,
+                        "view_cache_mib": args.view_cache_mib,
+                        "jobs": len(result.ledger.expected),
+                        "faults": len(result.ledger.faults),
+                        "faults_refused": soak.missed,
+                        "mismatches": result.mismatches(),
+                        "growth_per_hour": result.growth(),
+                        "at_rest_before_after": at_rest,
+                        "leaks_at_rest": result.leaks_at_rest(),
+                        "load_1min_end": round(os.getloadavg()[0], 2),
+                        "by_minute": by_minute(result.samples),
+                    }
+                ),
                 indent=2,
             )
             + "\n"

@@ -172,6 +172,16 @@ def test_who_may_scrape(cluster: HealingCluster, client: TestClient) -> None:
     assert agent.status_code == 403
 
 
+def test_the_controller_s_own_memory_is_served_by_holder(client: TestClient) -> None:
+    """The process's resident memory and its native memory by holder (ADR 0045): what an
+    operator reads off a controller that has run for months."""
+    samples = scrape(client)
+    assert value(samples, "process_resident_memory_bytes") > 10 * 2**20
+    kinds = {s.labels["kind"]: s.value for s in samples["trainpod_process_malloc_bytes"]}
+    assert set(kinds) == {"in_use", "free", "mmap"} and kinds["in_use"] > 0
+    assert value(samples, "trainpod_process_sqlite_memory_bytes") > 0  # the store's pages
+
+
 def test_a_long_history_is_worked_off_over_the_first_scrapes(cluster: HealingCluster) -> None:
     """A restarted controller's first scrapes fold the log, and compute the goodput of ended
     jobs no scrape kept yet, a bounded piece at a time; until done, the families that would

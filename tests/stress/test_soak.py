@@ -34,7 +34,12 @@ def test_a_soak_ends_every_job_as_its_ledger_says_and_leaves_nothing_behind(
     nodes = [n.name for n in cluster.client.nodes()]
     soak = Soak(
         cluster.client,
-        Sampler(cluster.paths, nodes, lambda proc: read_pid(cluster.paths.pid_file(proc))),
+        Sampler(
+            cluster.paths,
+            nodes,
+            lambda proc: read_pid(cluster.paths.pid_file(proc)),
+            metrics=cluster.client.metrics,
+        ),
         cluster.workdir,
         default_env(),
         train_argv=gpt_argv(sys.executable, REPO / "examples"),
@@ -52,4 +57,6 @@ def test_a_soak_ends_every_job_as_its_ledger_says_and_leaves_nothing_behind(
     assert {f for _, _, f, _ in result.ledger.faults} == {"kill-worker", "xid79"}
     assert result.leaks_at_rest() == []
     assert len(result.samples) > 10
+    native = result.final.native  # the controller's heaps and SQLite, from its /metrics
+    assert native.malloc_in_use > 0 and native.sqlite > 0, native
     assert soak.listed > 0  # the whole list was read, through caches of 1 MiB

@@ -3,6 +3,8 @@ behind at rest, on samples made up for the purpose."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -12,6 +14,8 @@ from trainpod.api.models import AttemptInfo, ChaosRequest, JobInfo
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import Conflict
 from trainpod.testing.soak import (
+    MEASURES,
+    Native,
     Sample,
     Sampler,
     Soak,
@@ -50,6 +54,27 @@ def test_growth_per_hour_is_the_least_squares_slope() -> None:
     assert growth_per_hour(steady[:2], lambda s: s.controller.rss_bytes) == 0.0
     flat = [_sample(t, rss=7) for t in range(5)]
     assert growth_per_hour(flat, lambda s: s.controller.rss_bytes) == 0.0
+
+
+def test_native_memory_is_read_from_the_metrics_and_a_missed_read_is_left_out() -> None:
+    text = (
+        "# TYPE trainpod_process_malloc_bytes gauge\n"
+        'trainpod_process_malloc_bytes{kind="in_use"} 1048576\n'
+        'trainpod_process_malloc_bytes{kind="free"} 2097152\n'
+        'trainpod_process_malloc_bytes{kind="mmap"} 0\n'
+        "# TYPE trainpod_process_sqlite_memory_bytes gauge\n"
+        "trainpod_process_sqlite_memory_bytes 524288\n"
+    )
+    assert Native.parse(text) == Native(2**20, 2 * 2**20, 0.0, 2**19)
+    assert math.isnan(Native.parse("").malloc_in_use)  # a controller that serves none
+    # +1 MiB a minute, one sample not read (the controller restarting): the slope stands
+    samples = [
+        replace(_sample(t * 60), native=Native(malloc_in_use=(t + 1) * 2**20)) for t in range(6)
+    ]
+    samples[3] = _sample(180)
+    in_use = MEASURES["controller_malloc_in_use_mib"]
+    assert growth_per_hour(samples, in_use) == pytest.approx(60.0)
+    assert math.isnan(growth_per_hour([_sample(t) for t in range(5)], in_use))  # never read
 
 
 def test_growth_skips_the_warm_up() -> None:

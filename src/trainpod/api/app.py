@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import anyio.to_thread
 from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trainpod.api.devices import DeviceTelemetry, EnergySummary, JobEnergy
@@ -61,6 +61,7 @@ from trainpod.errors import IdempotencyKeyReused, TrainpodError
 from trainpod.model.events import AuthFailed, AuthThrottled
 from trainpod.spec.job import JobSpec
 from trainpod.store.accounts import TokenRow, UserRow
+from trainpod.telemetry.allocator import AllocatorMetrics
 from trainpod.telemetry.exposition import CONTENT_TYPE, render
 from trainpod.telemetry.goodput import compute_goodput
 
@@ -142,6 +143,8 @@ def create_app(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(controller.metrics)
     registry.register(throttle)
+    registry.register(AllocatorMetrics())  # native memory by holder (ADR 0045)
+    ProcessCollector(registry=registry)  # process_resident_memory_bytes, CPU, descriptors
 
     @app.get(
         METRICS_PATH,

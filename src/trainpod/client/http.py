@@ -208,6 +208,13 @@ class TrainpodClient:
         return reply.validate_json(resp.content)
 
     # -- cluster and nodes ------------------------------------------------------------------
+    def metrics(self) -> str:
+        """``/metrics`` as Prometheus reads it (the text format)."""
+        resp = self._request("GET", "/metrics")
+        if resp.status_code >= 400:
+            raise _error(resp)
+        return resp.text
+
     def cluster(self) -> wire.ClusterInfo:
         return self._call("GET", "/v1/cluster", _CLUSTER)
 

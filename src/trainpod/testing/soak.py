@@ -3,12 +3,14 @@ short jobs, checkpointing training jobs and a fault every ~30 s, its resources s
 throughout (tests/stress/test_soak.py, ``benchmarks/reliability.py --part soak``).
 
 What is sampled (:class:`Sampler`): the controller's and the agents' memory (RSS), file
-descriptors and threads, the number of processes under them (ranks, zygotes, persisters,
-warm-start servers), the state database's size (with its log) and what trainpod holds in
-``/dev/shm``. :class:`SoakResult` gives each one's growth per hour (the least-squares slope
-of its samples) and the leaks found at rest: once every job has ended, the cluster must be
-back where it started: no memory tier left in ``/dev/shm``, no process left under the
-agents, the controller's descriptors and threads where they were.
+descriptors and threads, the controller's native memory by holder (glibc's heaps in use and
+free, mapped chunks, SQLite: from its ``/metrics``, ADR 0045), the number of processes under
+them (ranks, zygotes, persisters, warm-start servers), the state database's size (with its
+log) and what trainpod holds in ``/dev/shm``. :class:`SoakResult` gives each one's growth
+per hour (the least-squares slope of its samples) and the leaks found at rest: once every
+job has ended, the cluster must be back where it started: no memory tier left in
+``/dev/shm``, no process left under the agents, the controller's descriptors and threads
+where they were.
 
 Every job goes into a ledger with the state it must end in: training jobs ``completed``,
 whatever fault they met; short ones ``completed``; the ones cancelled while running
@@ -21,6 +23,7 @@ out, but the job may have ended and a short one taken the node by the time it la
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 import statistics
@@ -30,10 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from trainpod.api.models import ChaosFault, ChaosRequest, JobInfo
 from trainpod.client.http import JOBS_PAGE, TrainpodClient
-from trainpod.errors import Conflict, Retryable
+from trainpod.errors import Conflict, Retryable, TrainpodError
 from trainpod.paths import ClusterPaths
 from trainpod.spec.job import JobSpec
 from trainpod.testing.wait import WaitTimeout, wait_until
@@ -88,6 +92,31 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class Native:
+    """The controller's native memory by holder, in bytes (``/metrics``:
+    :mod:`trainpod.telemetry.allocator`); NaN where it serves none."""
+
+    malloc_in_use: float = math.nan
+    malloc_free: float = math.nan
+    malloc_mmap: float = math.nan
+    sqlite: float = math.nan
+
+    @classmethod
+    def parse(cls, text: str) -> Native:
+        found: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "trainpod_process_malloc_bytes":
+                    found[f"malloc_{s.labels['kind']}"] = s.value
+                elif s.name == "trainpod_process_sqlite_memory_bytes":
+                    found["sqlite"] = s.value
+        return cls(**{k: v for k, v in found.items() if k in _NATIVE_FIELDS})
+
+
+_NATIVE_FIELDS = {"malloc_in_use", "malloc_free", "malloc_mmap", "sqlite"}
+
+
+@dataclass(frozen=True)
 class Sample:
     t: float
     controller: Usage
@@ -100,12 +129,18 @@ class Sample:
     shm_bytes: int
     shm_dirs: frozenset[str]
     """Jobs' memory tiers in /dev/shm/trainpod (other clusters' too: compare with a baseline)."""
+    native: Native = Native()
+    """The controller's native memory (NaN: not read, e.g. while it restarts)."""
 
 
 MEASURES: dict[str, Callable[[Sample], float]] = {
     "controller_rss_mib": lambda s: s.controller.rss_bytes / 2**20,
     "controller_fds": lambda s: s.controller.fds,
     "controller_threads": lambda s: s.controller.threads,
+    "controller_malloc_in_use_mib": lambda s: s.native.malloc_in_use / 2**20,
+    "controller_malloc_free_mib": lambda s: s.native.malloc_free / 2**20,
+    "controller_malloc_mmap_mib": lambda s: s.native.malloc_mmap / 2**20,
+    "controller_sqlite_mib": lambda s: s.native.sqlite / 2**20,
     "agents_rss_mib": lambda s: s.agents.rss_bytes / 2**20,
     "agents_fds": lambda s: s.agents.fds,
     "agents_threads": lambda s: s.agents.threads,
@@ -155,14 +190,25 @@ class Sampler:
         nodes: Sequence[str],
         pid_of: Callable[[str], int | None],
         shm_root: Path = SHM_ROOT,
+        metrics: Callable[[], str] | None = None,
     ) -> None:
         """``pid_of``: a cluster process's pid by name (``controller``, ``agent-<node>``),
         None when it is not running (the local backend's pid files:
-        ``trainpod.backends.procs.read_pid``)."""
+        ``trainpod.backends.procs.read_pid``). ``metrics``: the controller's ``/metrics``
+        text (``TrainpodClient.metrics``), for its native memory."""
         self.paths = paths
         self.nodes = list(nodes)
         self.pid_of = pid_of
         self.shm_root = shm_root
+        self.metrics = metrics
+
+    def _native(self) -> Native:
+        if self.metrics is None:
+            return Native()
+        try:
+            return Native.parse(self.metrics())
+        except (TrainpodError, ValueError):  # restarting, or a scrape cut short
+            return Native()
 
     def sample(self) -> Sample:
         agents = [self.pid_of(f"agent-{n}") for n in self.nodes]
@@ -180,15 +226,22 @@ class Sampler:
             db_bytes=db,
             shm_bytes=shm_bytes,
             shm_dirs=shm_dirs,
+            native=self._native(),
         )
 
 
 def growth_per_hour(samples: Sequence[Sample], measure: Callable[[Sample], float]) -> float:
-    """The least-squares slope of ``measure`` over ``samples``, per hour (0 with fewer than 3)."""
-    if len(samples) < 3:
+    """The least-squares slope of ``measure`` over ``samples``, per hour (0 with fewer than 3;
+    samples where it is NaN, not read, are left out; NaN when it was never read)."""
+    points = [(s.t - samples[0].t, float(measure(s))) for s in samples]
+    if any(not math.isnan(y) for _, y in points):
+        points = [(x, y) for x, y in points if not math.isnan(y)]
+    elif points:
+        return math.nan
+    if len(points) < 3:
         return 0.0
-    xs = [s.t - samples[0].t for s in samples]
-    ys = [float(measure(s)) for s in samples]
+    xs = [x for x, _ in points]
+    ys = [y for _, y in points]
     if len(set(ys)) == 1:
         return 0.0
     return statistics.linear_regression(xs, ys).slope * 3600

@@ -1,0 +1,41 @@
+"""The process's native memory by holder (glibc's heaps, mapped chunks, SQLite), as /metrics
+serves it: read for real from this process, on this glibc."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from trainpod.telemetry.allocator import AllocatorMetrics
+from trainpod.telemetry.exposition import render
+
+
+def values() -> dict[str, float]:
+    text = render(AllocatorMetrics().collect()).decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[s.labels.get("kind", s.name)] = s.value
+    return out
+
+
+def test_a_large_allocation_shows_as_mapped_and_goes_when_freed() -> None:
+    before = values()
+    block = bytearray(64 * 2**20)  # above glibc's mmap threshold: a chunk of its own
+    during = values()
+    del block
+    after = values()
+    assert during["mmap"] - before["mmap"] >= 64 * 2**20
+    assert after["mmap"] < during["mmap"] - 60 * 2**20
+    assert min(during["in_use"], during["free"]) >= 0
+
+
+def test_sqlite_memory_is_the_library_pythons_sqlite3_uses() -> None:
+    before = values()["trainpod_process_sqlite_memory_bytes"]
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (x TEXT)")
+    conn.executemany("INSERT INTO t VALUES (?)", [("x" * 1000,)] * 2000)
+    during = values()["trainpod_process_sqlite_memory_bytes"]
+    conn.close()
+    assert during - before > 1_000_000  # the in-memory database's pages, at least
