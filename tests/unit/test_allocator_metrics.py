@@ -4,10 +4,11 @@ serves it: read for real from this process, on this glibc."""
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainpod.telemetry.allocator import AllocatorMetrics
+from trainpod.telemetry.allocator import AllocatorMetrics, _sqlite_memory_used
 from trainpod.telemetry.exposition import render
 
 
@@ -39,3 +40,12 @@ def test_sqlite_memory_is_the_library_pythons_sqlite3_uses() -> None:
     during = values()["trainpod_process_sqlite_memory_bytes"]
     conn.close()
     assert during - before > 1_000_000  # the in-memory database's pages, at least
+
+
+def test_sqlite_is_left_out_when_no_sqlite_library_is_mapped(tmp_path: Path) -> None:
+    """A Python that carries SQLite inside its module maps no libsqlite3: no figure, rather
+    than another copy's zero."""
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
+    assert _sqlite_memory_used(maps) is None
+    assert _sqlite_memory_used() is not None  # here: Debian's shared libsqlite3

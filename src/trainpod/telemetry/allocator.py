@@ -6,7 +6,8 @@ keeps, memory the C allocator keeps after peaks, or SQLite (ADR 0045).
   free but kept there (fragmentation, or room for the next peak), and bytes in chunks it
   mapped on their own (large allocations, returned at once when freed);
 * SQLite's own allocations (``sqlite3_memory_used``) in the library Python's ``sqlite3``
-  module loaded (its page cache, statements, temporary B-trees).
+  module loaded (its page cache, statements, temporary B-trees), found among the process's
+  mapped files.
 
 Each family is left out where it cannot be read (another C library, a Python whose SQLite is
 linked in statically): a missing series, never a wrong zero.
@@ -15,8 +16,8 @@ linked in statically): a missing series, never a wrong zero.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -51,14 +52,21 @@ def _mallinfo2() -> Callable[[], _MallInfo2] | None:
     return fn
 
 
-def _sqlite_memory_used() -> Callable[[], int] | None:
-    name = ctypes.util.find_library("sqlite3")
-    if name is None:
+def _sqlite_memory_used(maps: Path = Path("/proc/self/maps")) -> Callable[[], int] | None:
+    """``sqlite3_memory_used`` of the SQLite library this process has mapped, which Python's
+    ``sqlite3`` loaded; None when that module carries SQLite inside itself (no such library
+    mapped: another copy's counter would read zero)."""
+    import sqlite3  # noqa: F401  (loads its library, if it uses a shared one)
+
+    try:
+        mapped = {line.split()[-1] for line in maps.read_text().splitlines() if "/" in line}
+    except OSError:
+        return None
+    libs = sorted(p for p in mapped if Path(p).name.startswith("libsqlite3.so"))
+    if not libs:
         return None
     try:
-        import sqlite3  # noqa: F401  (its library first: the same one is found below)
-
-        fn = ctypes.CDLL(name).sqlite3_memory_used
+        fn = ctypes.CDLL(libs[0]).sqlite3_memory_used
     except (OSError, AttributeError):
         return None
     fn.restype = ctypes.c_int64
