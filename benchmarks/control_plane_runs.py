@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from benchkit import json_safe
+from control_plane import TARGET_HB_AGENTS as TARGET_AGENTS
+from control_plane import TARGET_HB_P99_S as TARGET_P99_S
+from control_plane import spread  # median [min-max]; an unanswered figure (None) sorts above
 
 HERE = Path(__file__).resolve().parent
-TARGET_AGENTS, TARGET_P99_S = 1000, 0.100
 FIGURES = {  # label -> (summary key, scale to print, unit)
     "probe p50": ("heartbeat_probe_p50_s", 1000.0, "ms"),
     "probe p99": ("heartbeat_probe_p99_all_s", 1000.0, "ms"),
@@ -66,14 +67,6 @@ def per_run(result: dict[str, Any], agents: int) -> dict[str, Any]:
     if "summary" in floor:
         row["floor p99"] = floor["summary"]["heartbeat_probe_p99_all_s"]["median"]
     return row
-
-
-def spread(values: list[float | None]) -> dict[str, Any]:
-    """Median [min-max]; an unanswered figure (None: too many unanswered) counts as infinite."""
-    known = [v if v is not None else float("inf") for v in values]
-    if not known:
-        return {"median": None, "min": None, "max": None}
-    return {"median": statistics.median(known), "min": min(known), "max": max(known)}
 
 
 def render(runs: list[dict[str, Any]], agents: int, summary: dict[str, Any]) -> str:

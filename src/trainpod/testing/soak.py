@@ -29,7 +29,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import psutil
@@ -110,10 +110,8 @@ class Native:
                     found[f"malloc_{s.labels['kind']}"] = s.value
                 elif s.name == "trainpod_process_sqlite_memory_bytes":
                     found["sqlite"] = s.value
-        return cls(**{k: v for k, v in found.items() if k in _NATIVE_FIELDS})
-
-
-_NATIVE_FIELDS = {"malloc_in_use", "malloc_free", "malloc_mmap", "sqlite"}
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in found.items() if k in names})
 
 
 @dataclass(frozen=True)
