@@ -165,6 +165,8 @@ def run_in_process(
         on_group=on_group,
     )
     progress.close()
+    dist.barrier()  # run() leaves its last group to its caller
+    dist.destroy_process_group()
     return 0
 
 

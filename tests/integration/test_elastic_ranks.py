@@ -188,6 +188,41 @@ def test_killed_rank_recovers_in_process(
         assert got[r]["params"] == undisturbed[r]["params"]
 
 
+@pytest.mark.timeout(300)
+def test_a_checkpointer_carries_on_through_an_in_process_recovery(
+    ranks_factory: Any, undisturbed: dict[int, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The healthy ranks' Checkpointer is rebound to the new group, the replacement's is
+    new: all save at the same steps after the recovery, the last save is committed, and a
+    full restart resumes from it (``resume=``) with the model of the undisturbed run."""
+    ckpt = tmp_path / "ckpt"
+    extra = ("--mark-at", "10", "--step-sleep", "0.05", "--ckpt", str(ckpt), "--ckpt-every", "3")
+    ranks = ranks_factory("ckpt-faulty", extra=extra)
+    ranks.start_all()
+    wait_until(lambda: ranks.marked(10), timeout_s=60, what="every rank past step 10")
+    ranks.kill(3)
+    ranks.recover(1, replaced=(3,))
+    assert _finish(ranks) == dict.fromkeys(range(WORLD), 0), _logs(ranks)
+    got = ranks.results()
+    [joined] = got[3]["recoveries"]
+    resumed = joined["resumed_step"]
+    after = [s for s in got[0]["saves"] if s >= resumed]
+    assert after and after[-1] == STEPS - 1, got[0]["saves"]
+    for r in range(WORLD):
+        assert [s for s in got[r]["saves"] if s >= resumed] == after, (r, got[r]["saves"])
+        assert got[r]["committed"]["memory"] == STEPS - 1, (r, got[r]["committed"])
+        assert got[r]["committed"]["durable"] == STEPS - 1, (r, got[r]["committed"])
+        assert got[r]["params"] == undisturbed[r]["params"]
+
+    again = ranks_factory("ckpt-resumed", extra=("--ckpt", str(ckpt)))
+    again.start_all()
+    assert _finish(again) == dict.fromkeys(range(WORLD), 0), _logs(again)
+    for r, res in again.results().items():
+        assert res["ran"] == [], res["ran"]  # resumed after the last step: nothing to run
+        assert res["params"] == undisturbed[r]["params"]
+        assert res["final_loss"] == undisturbed[r]["final_loss"]
+
+
 @pytest.mark.timeout(120)
 def test_no_recover_message_exits_for_a_full_restart(ranks_factory: Any) -> None:
     ranks = ranks_factory(

@@ -240,3 +240,50 @@ def test_an_object_store_without_its_fsspec_backend_is_a_config_error() -> None:
             Checkpointer("s3://bucket/ckpt")
     else:
         pytest.skip("s3fs is installed here")
+
+
+class _StillWriting:
+    """An abandoned pipeline whose writer has not ended yet."""
+
+    def __init__(self) -> None:
+        self.alive = True
+
+    def busy(self) -> bool:
+        return self.alive
+
+
+def test_rebind_keeps_the_schedule_and_skips_saves_while_an_old_writer_runs(
+    tmp_path: Path,
+) -> None:
+    events: list[tuple[str, int]] = []
+    with checkpointer(tmp_path, every=2, on_event=lambda e, s: events.append((e, s))) as ck:
+        ck.save(2, make_state(2.0))
+        assert ck.wait(30)
+        old = ck._pipe
+        ck.rebind()
+        assert ck._pipe is not old
+        old._writer.join(10)
+        assert not old.busy()
+        assert old.cw.closed is not None  # the old group refuses collectives now
+        assert not ck.due(2)  # the schedule survived: step 2 is saved already
+        assert ck.due(4)
+        stuck = _StillWriting()
+        ck._abandoned.append(stuck)  # type: ignore[arg-type]
+        ck.save(4, make_state(4.0))
+        assert ck.wait(30)
+        assert ("skipped", 4) in events and ck.progress().committed["memory"] == 2
+        stuck.alive = False
+        ck.save(6, make_state(6.0))
+        assert ck.wait(30)
+        assert ck.progress().committed == {"memory": 6, "scratch": 6, "durable": 6}
+    state = make_state()
+    with checkpointer(tmp_path) as fresh:
+        assert fresh.load_latest(state) == 6
+    assert torch.equal(state["t"], torch.arange(10.0) + 6.0)
+
+
+def test_rebind_after_close_is_refused(tmp_path: Path) -> None:
+    ck = checkpointer(tmp_path)
+    ck.close()
+    with pytest.raises(CheckpointError, match="rebind\\(\\) after close"):
+        ck.rebind()

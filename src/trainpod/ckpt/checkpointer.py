@@ -163,59 +163,14 @@ class Checkpointer:
                 f"the first tier must be a node-local directory DCP can write to, got {primary!r};"
                 " enable memory=True or give scratch_dir="
             )
+        self._primary: FsTier = primary
         if self.layout.memory is not None and any(t.name == "memory" for t in self.tiers):
             private_dir(self.layout.memory.parent)  # the job's dir: this account's alone
-        self._write_coll = Coll.create(timeout_s)
-        self._copy_coll = Coll.create(timeout_s)
-        if self._write_coll.group is None:  # DCP warns on every single-process call
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        link = self._agent_link(agent, tiers is not None, config)
-        gathered = self._write_coll.all_gather((self.layout.node, link is not None))
-        nodes = [g[0] for g in gathered]
-        if not all(g[1] for g in gathered):  # every rank hands off, or none does
-            if agent and link is not None:
-                raise CheckpointConfigError("agent=True, but another rank has no agent")
-            link = None
-        rank = self._write_coll.rank
-        ring = self.layout.nodes if len(self.layout.nodes) > 1 else tuple(dict.fromkeys(nodes))
-        self.ctx = Ctx(
-            rank=rank,
-            world_size=self._write_coll.world_size,
-            node=self.layout.node,
-            nodes=ring,
-            leader=rank == min(r for r, n in enumerate(nodes) if n == self.layout.node),
-            job=self.layout.job_key,
-            attempt=self.layout.attempt,
-        )
         self.verify = verify
-        self.agent: AgentPersistence | None = None
-        """The hand-off to the node's agent (None: this process copies)."""
-        if link is not None:
-            self.agent = AgentPersistence(
-                link,
-                job_key=self.layout.job_key,
-                node=self.layout.node,
-                config=config,
-                job_id=env_int("TRAINPOD_JOB_ID"),
-                attempt_id=env_int("TRAINPOD_ATTEMPT_ID"),
-                retry_base_s=retry_base_s,
-            )
-        self.meter = Meter(bandwidth_bps, on_progress=self._report_progress)
-        self._stager = Stager()
-        self._pipe = Pipeline(
-            self.ctx,
-            self._write_coll,
-            self._copy_coll,
-            primary,
-            self.tiers[1:],
-            self.meter,
-            report=self._report,
-            on_event=on_event,
-            retry_base_s=retry_base_s,
-            agent=self.agent,
-            targets=fallbacks(self.tiers),
-        )
-        self._pipe.start()
+        self._timeout_s = timeout_s
+        self._config = config
+        self._on_event = on_event
+        self._retry_base_s = retry_base_s
         self.last_load: LoadResult | None = None
         """What the last :meth:`load_latest` did, with the reasons for any fallback."""
         self.last_stall_s: float | None = None
@@ -224,6 +179,14 @@ class Checkpointer:
         self._saved_step: int | None = None
         self._next_due: int | None = None
         self._closed = False
+        self._abandoned: list[Pipeline] = []
+        """Pipelines of earlier process groups whose threads may still run (:meth:`rebind`)."""
+        self.meter = Meter(bandwidth_bps, on_progress=self._report_progress)
+        self._stager = Stager()
+        self.agent: AgentPersistence | None = None
+        """The hand-off to the node's agent (None: this process copies)."""
+        self._bind(self._agent_link(agent, tiers is not None, config), required=bool(agent))
+        self._agree_schedule()
 
     # ------------------------------------------------------------------ public API
     def save(self, step: int, state: Mapping[str, Any]) -> None:
@@ -263,6 +226,32 @@ class Checkpointer:
                 metrics["checkpoint_interval_s"] = self.interval_s() or 0.0
         self._costs.saved(None)  # the next step-time sample starts after the save
         beacon.report(step, **metrics)
+
+    def rebind(self) -> None:
+        """Carry on in a re-formed process group, after an in-process recovery.
+
+        Call it from ``trainpod.elastic.run``'s ``on_group`` on every rank that kept this
+        Checkpointer, at the point where a rank started fresh constructs its own: the two
+        run the same collectives on the new group. Saves not committed yet are given up
+        without a collective (their process groups went with the old one); a commit the old
+        group's ranks completed together stands, its parts gathered from every rank. The
+        new group gets its own process groups and threads, and the save schedule (the last
+        saved step, the next due, the agreed costs of ``interval="auto"``) is agreed again,
+        so a rank started fresh saves at the same steps as the others. While an old writer
+        still runs on any rank (a collective of the old group ends when its peers leave or
+        at ``timeout_s``), saves are skipped, with a ``skipped`` event.
+        """
+        if self._closed:
+            raise CheckpointError("rebind() after close(); create a new Checkpointer")
+        old = self._pipe
+        old.abandon("the process group was re-formed (in-process recovery)")
+        self._abandoned = [p for p in self._abandoned if p.busy()] + [old]
+        if not old.staging_free.is_set():
+            self._stager = Stager()  # the old writer may still be reading its buffers
+        link = self.agent.link if self.agent is not None else None
+        self._bind(link, required=False, inherit=old)
+        self._agree_schedule()
+        self._costs.saved(None)  # the recovery's pause is not a step
 
     def load_latest(self, state: dict[str, Any]) -> int | None:
         """Load the newest intact committed checkpoint into ``state`` (in place); its step.
@@ -402,6 +391,78 @@ class Checkpointer:
         self.close(release_memory=False if exc_type is not None else None)
 
     # ------------------------------------------------------------------ internals
+    def _bind(
+        self, link: AgentLink | None, *, required: bool, inherit: Pipeline | None = None
+    ) -> None:
+        """Process groups, rank facts and threads for the current default process group
+        (what ``inherit``, the previous group's, had committed carries over). Collective:
+        two ``new_group`` calls and an all-gather."""
+        self._write_coll = Coll.create(self._timeout_s)
+        self._copy_coll = Coll.create(self._timeout_s)
+        if self._write_coll.group is None:  # DCP warns on every single-process call
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        gathered = self._write_coll.all_gather((self.layout.node, link is not None))
+        nodes = [g[0] for g in gathered]
+        if not all(g[1] for g in gathered):  # every rank hands off, or none does
+            if required and link is not None:
+                raise CheckpointConfigError("agent=True, but another rank has no agent")
+            link = None
+        rank = self._write_coll.rank
+        ring = self.layout.nodes if len(self.layout.nodes) > 1 else tuple(dict.fromkeys(nodes))
+        self.ctx = Ctx(
+            rank=rank,
+            world_size=self._write_coll.world_size,
+            node=self.layout.node,
+            nodes=ring,
+            leader=rank == min(r for r, n in enumerate(nodes) if n == self.layout.node),
+            job=self.layout.job_key,
+            attempt=self.layout.attempt,
+        )
+        if link is None:
+            self.agent = None
+        elif self.agent is None or self.agent.link is not link:
+            self.agent = AgentPersistence(
+                link,
+                job_key=self.layout.job_key,
+                node=self.layout.node,
+                config=self._config,
+                job_id=env_int("TRAINPOD_JOB_ID"),
+                attempt_id=env_int("TRAINPOD_ATTEMPT_ID"),
+                retry_base_s=self._retry_base_s,
+            )
+        self._pipe = Pipeline(
+            self.ctx,
+            self._write_coll,
+            self._copy_coll,
+            self._primary,
+            self.tiers[1:],
+            self.meter,
+            report=self._report,
+            on_event=self._on_event,
+            retry_base_s=self._retry_base_s,
+            agent=self.agent,
+            targets=fallbacks(self.tiers),
+            blocked=self._old_busy,
+        )
+        if inherit is not None:
+            self._pipe.inherit(inherit)
+        self._pipe.start()
+
+    def _agree_schedule(self) -> None:
+        """Every rank takes the save schedule of the lowest rank that has one. Ranks that
+        carried on through a recovery hold the same (agreed at their saves and due steps);
+        a rank started fresh holds none. Collective."""
+        mine = (self._saved_step, self._next_due, self._last_step, self._pipe.agreed)
+        rows = self._write_coll.all_gather(mine)
+        known = [r for r in rows if r[0] is not None or r[1] is not None or r[3] is not None]
+        if known:
+            self._saved_step, self._next_due, last, self._pipe.agreed = known[0]
+            self._last_step = max(self._last_step, last)
+
+    def _old_busy(self) -> bool:
+        """Whether a pipeline of an earlier process group may still write (writer threads)."""
+        return any(p.busy() for p in list(self._abandoned))
+
     def _agent_link(
         self, agent: bool | None, custom_tiers: bool, config: TierConfig
     ) -> AgentLink | None:

@@ -11,6 +11,10 @@ from datetime import timedelta
 from typing import Any
 
 
+class CollClosed(RuntimeError):
+    """A collective on a :class:`Coll` that was closed (its process group was re-formed)."""
+
+
 class Coll:
     """A dedicated process group (``dist.new_group(backend="gloo")``) or none (world size 1)."""
 
@@ -18,6 +22,17 @@ class Coll:
         self.group = group
         self.rank = rank
         self.world_size = world_size
+        self.closed: str | None = None
+        """Why this Coll may not be used any more (see :meth:`close`)."""
+
+    def close(self, why: str) -> None:
+        """Refuse every later call (it raises :class:`CollClosed` with ``why``) and drop the
+        group: a group whose process group was re-formed must not be mistaken for a trivial
+        one, and once nothing holds it its sockets close, so peers blocked on it fail at
+        once. A call already in progress is not interrupted (Gloo cannot abort one): it ends
+        when its peers answer, leave, or the group's timeout runs out."""
+        self.closed = why
+        self.group = None
 
     @classmethod
     def create(cls, timeout_s: float) -> Coll:
@@ -35,6 +50,8 @@ class Coll:
 
     def all_gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order."""
+        if self.closed is not None:
+            raise CollClosed(self.closed)
         if self.group is None:
             return [obj]
         import torch.distributed as dist

@@ -68,11 +68,14 @@ class Pipeline:
         retry_max_s: float = 60.0,
         agent: AgentPersistence | None = None,
         targets: list[FsTier] | None = None,
+        blocked: Callable[[], bool] | None = None,
     ) -> None:
         """With ``agent``, ``copies`` are the tiers the agent's persister fills (for
         :meth:`progress`); this process copies nothing. ``targets``: the tiers a step may be
         written into, fastest first (default: the primary alone; see
-        :mod:`trainpod.ckpt.placing`)."""
+        :mod:`trainpod.ckpt.placing`). ``blocked``: true while an abandoned pipeline of this
+        rank may still write (:meth:`abandon`); a snapshot is skipped on every rank while
+        it is true on any, so two generations never write one step's files at once."""
         self.ctx, self.cw, self.cc = ctx, write_coll, copy_coll
         self.agent = agent
         self.agent_tiers = [t.name for t in copies] if agent is not None else []
@@ -83,6 +86,7 @@ class Pipeline:
         self._sources: dict[int, FsTier] = {}
         """step -> the tier it was written into, where not the primary."""
         self._report, self._hook = report, on_event
+        self._blocked = blocked or (lambda: False)
         self.retry_base_s, self.retry_max_s = retry_base_s, retry_max_s
         self.staging_free = threading.Event()
         self.staging_free.set()
@@ -173,6 +177,42 @@ class Pipeline:
         self._copier.join(timeout_s)
         return done and not self._writer.is_alive() and not self._copier.is_alive()
 
+    def abandon(self, why: str) -> None:
+        """Give up without another collective: the process group was re-formed (an
+        in-process recovery) and this pipeline's groups belonged to the old one. Snapshots
+        not yet taken are dropped; the threads end after what they are doing, which fails
+        (a peer is gone) or completes (every peer was alive: a commit made then is whole,
+        its parts gathered from every rank). Nothing waits for them: see :meth:`busy`."""
+        self.cw.close(why)
+        self.cc.close(why)
+        with self._cond:
+            self._stopping = self._give_up = True
+            while True:
+                try:
+                    snap = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if snap is not None:
+                    self._inflight -= 1
+            self._cond.notify_all()
+        self._q.put(None)
+
+    def inherit(self, old: Pipeline) -> None:
+        """Start from what ``old`` (abandoned) had committed: a re-formed group changes
+        nothing that is on disk. Call before :meth:`start`."""
+        with old._cond:
+            committed = dict(old._committed)
+            latest, copied = old._latest_local, old._copied_through
+            agreed = old.agreed
+        with self._cond:
+            self._committed.update(committed)
+            self._latest_local, self._copied_through = latest, copied
+            self.agreed = agreed
+
+    def busy(self) -> bool:
+        """Whether a thread of this pipeline still runs (after :meth:`abandon`: may write)."""
+        return self._writer.is_alive() or self._copier.is_alive()
+
     def progress(self) -> Progress:
         if self.agent is not None:
             return self._agent_progress(self.agent)
@@ -238,8 +278,17 @@ class Pipeline:
         while (snap := self._q.get()) is not None:
             try:
                 self._write(snap)
-            except Exception:  # a bug here must not kill the thread silently
-                log.exception("rank %d: checkpoint of step %d failed", self.ctx.rank, snap.step)
+            except Exception as exc:  # a bug here must not kill the thread silently
+                if self.cw.closed is None:
+                    log.exception("rank %d: checkpoint of step %d failed", self.ctx.rank, snap.step)
+                else:  # abandoned: its group is gone, as expected
+                    log.warning(
+                        "rank %d: checkpoint of step %d given up (%s): %s",
+                        self.ctx.rank,
+                        snap.step,
+                        self.cw.closed,
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    )
                 self.staging_free.set()
             finally:
                 with self._cond:
@@ -248,7 +297,9 @@ class Pipeline:
 
     def _write(self, snap: Snapshot) -> None:
         ctx, step = self.ctx, snap.step
-        pre = self.cw.all_gather((snap.proposal, snap.stall_s, ctx.node, snap.nbytes))
+        pre = self.cw.all_gather(
+            (snap.proposal, snap.stall_s, ctx.node, snap.nbytes, self._blocked())
+        )
         stalls = [p[1] for p in pre if p[1] is not None]
         stall = max(stalls) if stalls else None
         props: list[Costs] = [p[0] for p in pre if p[0] is not None]
@@ -257,6 +308,18 @@ class Pipeline:
             for other in props[1:]:
                 agreed = agreed.merge(other)
             self.agreed = agreed
+        busy = [r for r, p in enumerate(pre) if p[4]]
+        if busy:
+            snap.staged = {}
+            self.staging_free.set()
+            why = (
+                f"step {step} skipped: the writer of the process group before the last "
+                f"in-process recovery still runs on rank {', '.join(map(str, busy))}"
+            )
+            log.warning("rank %d: %s", ctx.rank, why)
+            self._event("skipped", step)
+            self._report(checkpoint_skipped_step=step)
+            return
         needed = sum(p[3] for p in pre if p[2] == ctx.node)
         placed = place(ctx, self.cw, self.targets, step, snap.staged, needed)
         tier = placed.tier
@@ -398,6 +461,14 @@ class Pipeline:
     def _copy_loop(self) -> None:
         if not self.copies:
             return
+        try:
+            self._copy_rounds()
+        except Exception as exc:
+            if self.cc.closed is None:
+                raise
+            log.warning("rank %d: copies given up: %s", self.ctx.rank, exc)
+
+    def _copy_rounds(self) -> None:
         while True:
             with self._cond:
                 # Wake for a new step or a due retry; when closing, also once nothing is

@@ -108,6 +108,7 @@ def run(
     env: Mapping[str, str] | None = None,
     on_group: Callable[[], object] | None = None,
     replicated: bool = True,
+    resume: Callable[[], int | None] | None = None,
 ) -> RunResult:
     """Run ``step_fn(step)`` for ``step`` in ``[start_step, steps)`` on every rank.
 
@@ -123,7 +124,14 @@ def run(
     its replacement) takes it from a healthy peer; False (sharded state: tensor or pipeline
     parallel, ZeRO) makes every rank exit 75 instead when a peer is replaced, and the job
     falls back to a full restart from its checkpoint, with that reason in its events (a
-    peer's fault that replaces nobody is still recovered in process). In a job without
+    peer's fault that replaces nobody is still recovered in process). ``resume``: called
+    once, after the first ``on_group``, by a rank that starts with the job (not one started
+    fresh into a running group, which takes its state from a peer); it loads a checkpoint
+    into ``state`` and returns the step to go on from, or None for ``start_step``. With a
+    ``trainpod.Checkpointer``: construct it in ``on_group`` the first time and call its
+    ``rebind()`` there after, and resume with ``load_latest`` (the step after the one it
+    returns). The last process group is left for the caller to use (close the
+    Checkpointer, evaluate) and destroy (``dist.destroy_process_group()``). In a job without
     ``--recovery in-process`` this
     is a plain loop over the default process group (created here from the environment
     unless it exists), and any error is raised as usual.
@@ -138,7 +146,8 @@ def run(
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
         if on_group is not None:
             on_group()
-        for step in range(start_step, steps):
+        resumed = resume() if resume is not None else None
+        for step in range(start_step if resumed is None else resumed, steps):
             step_fn(step)
         return RunResult(steps=steps, generation=0)
     if backend != "gloo":
@@ -159,6 +168,7 @@ def run(
         wait_s=wait_s,
         on_group=on_group,
         replicated=replicated,
+        resume=resume,
     )
     return loop.run(start_step, steps)
 
@@ -174,8 +184,10 @@ class _Loop:
         wait_s: float,
         on_group: Callable[[], object] | None,
         replicated: bool = True,
+        resume: Callable[[], int | None] | None = None,
     ) -> None:
         self.step_fn = step_fn
+        self.resume = resume
         self.replicated = replicated
         self.on_group = on_group
         self.state = state
@@ -213,6 +225,10 @@ class _Loop:
                 Recovery(self.generation, start_step, step, source, "replacement", took, took)
             )
         self._grouped()
+        if self.generation == 0 and self.resume is not None:
+            resumed = self.resume()
+            if resumed is not None:
+                step = resumed
         while step < steps:
             message = self.watch.poll()
             if message is not None:
@@ -226,7 +242,8 @@ class _Loop:
                 step = self._recover(step, cause, None)
                 continue
             step += 1
-        self._teardown()
+        # The last group stays, as in a plain loop: the caller may still need it (close a
+        # Checkpointer, whose commits are collectives; evaluate) and destroys it at the end.
         self.result.steps = step
         self.result.generation = self.generation
         return self.result

@@ -5,7 +5,10 @@ Each step's batch is a function of the step and the rank only, so a rolled-back 
 exactly what it did. Every rank writes ``<out>/rank-<r>.json`` at the end: its pid, the
 final loss on a fixed probe batch, the parameters, the steps it ran and its recoveries.
 
-``--steps N --out DIR [--step-sleep S] [--mark-at K] [--ddp] [--sharded]``: after step K the
+``--steps N --out DIR [--step-sleep S] [--mark-at K] [--ddp] [--sharded] [--ckpt DIR
+--ckpt-every K]``: with ``--ckpt`` a ``trainpod.Checkpointer`` saves every K steps and after
+the last (made in ``on_group`` the first time, ``rebind()`` there after), and the run
+resumes from its newest checkpoint (``resume=``). After step K the
 rank touches ``<out>/at-<K>-rank-<r>`` (the test waits for it before injecting a fault).
 ``--sharded`` tells ``elastic.run`` the state is not replicated (a replaced peer cannot be
 given it). Each time a group is formed the rank notes a hash of its whole state
@@ -26,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from trainpod import elastic
+from trainpod.ckpt import Checkpointer
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, required=True)
@@ -36,6 +40,8 @@ p.add_argument("--timeout-s", type=float, default=5.0)
 p.add_argument("--wait-s", type=float, default=60.0)
 p.add_argument("--ddp", action="store_true", help="DistributedDataParallel, rebuilt per group")
 p.add_argument("--sharded", action="store_true", help="elastic.run(replicated=False)")
+p.add_argument("--ckpt", type=Path, help="checkpoint with trainpod.Checkpointer here")
+p.add_argument("--ckpt-every", type=int, default=2)
 args = p.parse_args()
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -62,11 +68,37 @@ def state_hash() -> str:
     return h.hexdigest()
 
 
+ckpts: list[Checkpointer] = []
+saves: list[int] = []
+
+
 def new_group() -> None:
-    """A DDP module is bound to its process group: a new group needs a new one."""
+    """A DDP module is bound to its process group: a new group needs a new one; so does
+    the Checkpointer's background work (``rebind``)."""
     group_hashes.append(state_hash())
     if args.ddp:
         wrapped[0] = torch.nn.parallel.DistributedDataParallel(model)
+    if args.ckpt is not None:
+        if ckpts:
+            ckpts[0].rebind()
+        else:
+            ckpts.append(
+                Checkpointer(
+                    args.ckpt / "durable",
+                    every=args.ckpt_every,
+                    memory=args.ckpt / "shm",
+                    scratch_dir=args.ckpt / "scratch",
+                    timeout_s=30,
+                    agent=False,
+                )
+            )
+
+
+def resume() -> int | None:
+    if not ckpts:
+        return None
+    loaded = ckpts[0].load_latest({"model": model, "optim": opt})
+    return None if loaded is None else loaded + 1
 
 
 def batch(step: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,6 +119,9 @@ def train_step(step: int) -> None:
             param.grad /= world
     opt.step()
     ran.append(step)
+    if ckpts and (ckpts[0].due(step) or step == args.steps - 1):
+        ckpts[0].save(step, {"model": model, "optim": opt})
+        saves.append(step)
     if step == args.mark_at:
         (args.out / f"at-{step}-rank-{rank}").touch()
     if args.step_sleep:
@@ -101,7 +136,13 @@ result = elastic.run(
     wait_s=args.wait_s,
     on_group=new_group,
     replicated=not args.sharded,
+    resume=resume,
 )
+committed: dict[str, int | None] = {}
+if ckpts:
+    ckpts[0].close(60)
+    committed = dict(ckpts[0].progress().committed)
+dist.destroy_process_group()  # run() leaves its last group to its caller
 probe_x, probe_y = batch(10**6, 0)
 with torch.no_grad():
     final = torch.nn.functional.mse_loss(model(probe_x), probe_y).item()
@@ -117,6 +158,8 @@ out = {
     "recover_file": os.environ.get("TRAINPOD_RECOVER_FILE", ""),
     "group_hashes": group_hashes,
     "node": os.environ.get("TRAINPOD_NODE", ""),
+    "saves": saves,
+    "committed": committed,
 }
 tmp = args.out / f".rank-{rank}.json.tmp"
 tmp.write_text(json.dumps(out))
