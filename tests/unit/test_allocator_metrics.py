@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainpod.telemetry.allocator import AllocatorMetrics, _sqlite_memory_used
+from trainpod.telemetry.allocator import AllocatorMetrics, _mallinfo2, _sqlite_memory_used
 from trainpod.telemetry.exposition import render
 
 
@@ -49,3 +49,16 @@ def test_sqlite_is_left_out_when_no_sqlite_library_is_mapped(tmp_path: Path) -> 
     maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
     assert _sqlite_memory_used(maps) is None
     assert _sqlite_memory_used() is not None  # here: Debian's shared libsqlite3
+
+
+def test_malloc_is_left_out_when_another_allocator_replaces_glibc_s(tmp_path: Path) -> None:
+    """Under ``LD_PRELOAD=libjemalloc.so.2`` glibc's mallinfo2 describes heaps nobody uses
+    (it read 0 throughout a 30-minute soak): no figure rather than a wrong one."""
+    maps = tmp_path / "maps"
+    libc = "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+    maps.write_text(libc)
+    assert _mallinfo2(maps) is not None
+    maps.write_text(
+        libc + "7f02-7f03 r-xp 00000000 08:01 2 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2\n"
+    )
+    assert _mallinfo2(maps) is None

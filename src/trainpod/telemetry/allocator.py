@@ -9,8 +9,9 @@ keeps, memory the C allocator keeps after peaks, or SQLite (ADR 0045).
   module loaded (its page cache, statements, temporary B-trees), found among the process's
   mapped files.
 
-Each family is left out where it cannot be read (another C library, a Python whose SQLite is
-linked in statically): a missing series, never a wrong zero.
+Each family is left out where it cannot be read (another C library, an allocator put in
+glibc's place such as jemalloc through ``LD_PRELOAD``, a Python whose SQLite is linked in
+statically): a missing series, never a wrong zero.
 """
 
 from __future__ import annotations
@@ -41,7 +42,23 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+_OTHER_MALLOCS = ("libjemalloc", "libtcmalloc", "libmimalloc")
+"""Allocators that replace glibc's malloc when mapped (``LD_PRELOAD``): glibc's mallinfo2
+would then describe heaps nobody uses."""
+
+
+def _mapped(maps: Path) -> set[str] | None:
+    """The files this process has mapped (None: unreadable)."""
+    try:
+        return {line.split()[-1] for line in maps.read_text().splitlines() if "/" in line}
+    except OSError:
+        return None
+
+
+def _mallinfo2(maps: Path = Path("/proc/self/maps")) -> Callable[[], _MallInfo2] | None:
+    mapped = _mapped(maps)
+    if mapped is None or any(Path(p).name.startswith(_OTHER_MALLOCS) for p in mapped):
+        return None
     try:
         libc = ctypes.CDLL("libc.so.6")
         fn = libc.mallinfo2
@@ -58,9 +75,8 @@ def _sqlite_memory_used(maps: Path = Path("/proc/self/maps")) -> Callable[[], in
     mapped: another copy's counter would read zero)."""
     import sqlite3  # noqa: F401  (loads its library, if it uses a shared one)
 
-    try:
-        mapped = {line.split()[-1] for line in maps.read_text().splitlines() if "/" in line}
-    except OSError:
+    mapped = _mapped(maps)
+    if mapped is None:
         return None
     libs = sorted(p for p in mapped if Path(p).name.startswith("libsqlite3.so"))
     if not libs:
