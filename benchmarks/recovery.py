@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     slow: SlowObservation | None = None
     replay: dict[str, Any] | None = None
     chaos: dict[str, Any] | None = None
+    chaos_in_process: dict[str, Any] | None = None
     side: dict[str, Any] | None = None
     chosen = [fc for fc in CLASSES if fc.name in args.classes]
     t = time.monotonic()
@@ -167,18 +168,29 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     lap(label)
             if not args.skip_chaos:
-                try:
-                    chaos = run_chaos(
-                        client,
-                        workdir,
-                        args.chaos_minutes,
-                        args.fault_every_s,
-                        args.seed,
-                        args.chaos_ckpt_every,
-                    )
-                except (RuntimeError, TimeoutError, TrainpodError) as exc:
-                    chaos = {"error": f"{type(exc).__name__}: {exc}"}
-                lap("chaos")
+                modes = (
+                    ["restart", "in-process"]
+                    if args.chaos_recovery == "both"
+                    else [args.chaos_recovery]
+                )
+                for mode in modes:
+                    try:
+                        run = run_chaos(
+                            client,
+                            workdir,
+                            args.chaos_minutes,
+                            args.fault_every_s,
+                            args.seed,
+                            args.chaos_ckpt_every,
+                            mode,
+                        )
+                    except (RuntimeError, TimeoutError, TrainpodError) as exc:
+                        run = {"error": f"{type(exc).__name__}: {exc}", "recovery": mode}
+                    if mode == "in-process" and len(modes) == 2:
+                        chaos_in_process = run
+                    else:
+                        chaos = run
+                    lap(f"chaos_{mode}")
             if args.in_process:
                 side = run_side_by_side(client, args.repeats, workdir)
                 lap("in_process")
@@ -205,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "crash_vs_torchrun": comparison(tr_samples, compared, compared_errors),
         "chaos": chaos,
+        **({"chaos_in_process": chaos_in_process} if chaos_in_process is not None else {}),
         "in_process": side,
         "args": {k: str(v) for k, v in vars(args).items()},
     }

@@ -32,7 +32,16 @@ from trainpod.telemetry.goodput import compute_goodput
 
 
 # -- 3. goodput of a chaos run ----------------------------------------------------------------
-def gpt_spec(name: str, ckpt: Path, workdir: Path, steps: int, ckpt_every: int | str) -> JobSpec:
+def gpt_spec(
+    name: str,
+    ckpt: Path,
+    workdir: Path,
+    steps: int,
+    ckpt_every: int | str,
+    recovery: str = "restart",
+) -> JobSpec:
+    """``recovery``: ``restart`` (every rank starts again after a fault) or ``in-process``
+    (the healthy ranks stay: ADR 0026, 0046)."""
     return JobSpec(
         command=[
             sys.executable,
@@ -54,6 +63,7 @@ def gpt_spec(name: str, ckpt: Path, workdir: Path, steps: int, ckpt_every: int |
         workdir=str(workdir),
         auto_resume=True,
         max_restarts=100,
+        recovery=recovery,
     )
 
 
@@ -112,6 +122,7 @@ def run_chaos(
     fault_every_s: float,
     seed: int,
     ckpt: str = "auto",
+    recovery: str = "restart",
 ) -> dict[str, Any]:
     """The GPT job under seeded faults for ``minutes``, then its goodput and the model.
 
@@ -124,7 +135,7 @@ def run_chaos(
     ckpt_every = chaos_ckpt_every(ckpt, step_s)
     rng = random.Random(seed)
     job = client.submit(
-        gpt_spec("recovery-gpt-chaos", workdir / "gpt-chaos", workdir, steps, ckpt_every)
+        gpt_spec("recovery-gpt-chaos", workdir / "gpt-chaos", workdir, steps, ckpt_every, recovery)
     )
     t0 = time.monotonic()
     end_at = minutes * 60
@@ -172,6 +183,7 @@ def run_chaos(
     report = compute_goodput(info, events, time.time())
     out = chaos_results(info, events, report.to_dict(), cal, steps, ckpt_every, faults)
     out["stopped"] = stopped
+    out["recovery"] = recovery
     out["ok"] = info.state == "completed" or (bool(stopped) and info.state == "cancelled")
     return out
 

@@ -67,6 +67,51 @@ def render_mttr(classes: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_chaos(g: dict[str, Any] | None) -> list[str]:
+    """Part 3: one chaos run (``--chaos-recovery both`` gives two, side by side)."""
+    lines: list[str] = []
+    if g is None:
+        lines.append("3. Goodput of a chaos run: skipped (--skip-chaos)")
+    elif "error" in g:
+        lines.append(f"3. Goodput of a chaos run: FAILED: {g['error']}")
+    else:
+        mo = g["model"]
+        cal = g["calibration"]
+        lines += [
+            f"3. Goodput of a chaos run: GPT example, 2 nodes, --auto-resume, "
+            f"--recovery {g.get('recovery', 'restart')}, {g['steps']} "
+            f"steps, checkpoint every {_every(g['ckpt_every'])} (~{mo['tau_s']:.1f} s), "
+            f"job {g['state']}{' (' + g['stopped'] + ')' if g['stopped'] else ''}",
+            f"  calibration: {cal['step_time_s']:.3f} s/step, "
+            f"{cal['checkpoint_stall_per_save_s'] * 1000:.1f} ms stall per save",
+            f"  injected: {', '.join(f['fault'] + '@' + f['node'] for f in g['injected'] if not f['skipped']) or 'none'}",  # noqa: E501
+            f"  faults detected {g['faults_detected']}: {g['faults_classified']} (goodput's "
+            f"FaultRecords say {g['faults_by_kind']}), attempts {g['attempts']}",
+            f"  wall {g['wall_s']:.1f} s, productive {g['productive_s']:.1f} s, goodput "
+            f"{100 * g['goodput']:.1f} %, ETTR {100 * g['ettr']:.1f} %",
+            "  lost by cause (s): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in g["lost_by_cause_s"].items()),
+        ]
+        if "ettr_model" in mo:
+            lines += [
+                f"  model: delta {mo['delta_s'] * 1000:.1f} ms/save, M {mo['M_s']:.0f} s, "
+                f"R {mo['R_s']:.1f} s ("
+                + ", ".join(f"{k} {v:.1f}" for k, v in mo["R_parts_s"].items())
+                + ")",
+                f"  ETTR model 1-sqrt(2d/M)-R/M = {100 * mo['ettr_model']:.1f} % "
+                f"(tau* {mo['tau_optimal_s']:.0f} s); measured {100 * g['ettr']:.1f} %: "
+                f"{mo['diff_points']:+.1f} points",
+                f"  with the actual tau, 1-d/tau-(R+tau/2)/M = "
+                f"{100 * mo['ettr_model_actual_tau']:.1f} %: "
+                f"{mo['diff_points_actual_tau']:+.1f} points",
+                "  measured ETTR without the first start-up and the final shutdown (the model "
+                f"has neither): {100 * mo['ettr_measured_without_startup_shutdown']:.1f} %",
+            ]
+        for note in g["notes"][:6]:
+            lines.append(f"  note: {note}")
+    return lines
+
+
 def render(r: dict[str, Any]) -> str:
     m = r["machine"]
     lines = [
@@ -138,46 +183,17 @@ def render(r: dict[str, Any]) -> str:
         "  ratio trainpod/torchrun (p50): "
         + ", ".join(f"{k.removeprefix('trainpod_')} {_f(v, 0)}" for k, v in c["ratios"].items())
     )
-    g = r.get("chaos")
-    lines.append("")
-    if g is None:
-        lines.append("3. Goodput of a chaos run: skipped (--skip-chaos)")
-    elif "error" in g:
-        lines.append(f"3. Goodput of a chaos run: FAILED: {g['error']}")
-    else:
-        mo = g["model"]
-        cal = g["calibration"]
-        lines += [
-            f"3. Goodput of a chaos run: GPT example, 2 nodes, --auto-resume, {g['steps']} "
-            f"steps, checkpoint every {_every(g['ckpt_every'])} (~{mo['tau_s']:.1f} s), "
-            f"job {g['state']}{' (' + g['stopped'] + ')' if g['stopped'] else ''}",
-            f"  calibration: {cal['step_time_s']:.3f} s/step, "
-            f"{cal['checkpoint_stall_per_save_s'] * 1000:.1f} ms stall per save",
-            f"  injected: {', '.join(f['fault'] + '@' + f['node'] for f in g['injected'] if not f['skipped']) or 'none'}",  # noqa: E501
-            f"  faults detected {g['faults_detected']}: {g['faults_classified']} (goodput's "
-            f"FaultRecords say {g['faults_by_kind']}), attempts {g['attempts']}",
-            f"  wall {g['wall_s']:.1f} s, productive {g['productive_s']:.1f} s, goodput "
-            f"{100 * g['goodput']:.1f} %, ETTR {100 * g['ettr']:.1f} %",
-            "  lost by cause (s): "
-            + ", ".join(f"{k} {v:.1f}" for k, v in g["lost_by_cause_s"].items()),
-        ]
-        if "ettr_model" in mo:
-            lines += [
-                f"  model: delta {mo['delta_s'] * 1000:.1f} ms/save, M {mo['M_s']:.0f} s, "
-                f"R {mo['R_s']:.1f} s ("
-                + ", ".join(f"{k} {v:.1f}" for k, v in mo["R_parts_s"].items())
-                + ")",
-                f"  ETTR model 1-sqrt(2d/M)-R/M = {100 * mo['ettr_model']:.1f} % "
-                f"(tau* {mo['tau_optimal_s']:.0f} s); measured {100 * g['ettr']:.1f} %: "
-                f"{mo['diff_points']:+.1f} points",
-                f"  with the actual tau, 1-d/tau-(R+tau/2)/M = "
-                f"{100 * mo['ettr_model_actual_tau']:.1f} %: "
-                f"{mo['diff_points_actual_tau']:+.1f} points",
-                "  measured ETTR without the first start-up and the final shutdown (the model "
-                f"has neither): {100 * mo['ettr_measured_without_startup_shutdown']:.1f} %",
-            ]
-        for note in g["notes"][:6]:
-            lines.append(f"  note: {note}")
+    for key in ("chaos", "chaos_in_process"):
+        if key in r:
+            lines += ["", *render_chaos(r[key])]
+    both = [r.get(k) or {} for k in ("chaos", "chaos_in_process")]
+    if all("goodput" in g for g in both):
+        lines.append(
+            f"   side by side: goodput {100 * both[0]['goodput']:.1f} % (restart) vs "
+            f"{100 * both[1]['goodput']:.1f} % (in-process); lost "
+            f"{both[0]['wall_s'] - both[0]['productive_s']:.1f} vs "
+            f"{both[1]['wall_s'] - both[1]['productive_s']:.1f} s"
+        )
     lines += ["", "targets"]
     for t in r["targets"]:
         lines.append(f"  {_verdict(t['pass'])} {t['what']}: {t['value']}")
@@ -304,6 +320,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="auto",
         help="chaos: the GPT job's --ckpt-every: auto (default: Young/Daly from the measured "
         "stall and the MTBF trainpod observed), sized (one save per ~20 s of training) or N",
+    )
+    p.add_argument(
+        "--chaos-recovery",
+        choices=["restart", "in-process", "both"],
+        default="restart",
+        help="chaos: the GPT job's --recovery: restart (every rank starts again), "
+        "in-process (the healthy ranks stay; a killed rank is replaced in the attempt) or "
+        "both (the same seeded faults, one run after the other, side by side)",
     )
     p.add_argument(
         "--classes",

@@ -15,6 +15,11 @@ The same file runs three ways, with no code changes:
 3. under trainpod -- as torchrun; checkpoint locations come from the environment
    (``TRAINPOD_CHECKPOINT_DIR``, the default ``--ckpt-dir``, and node scratch), and
    ``TRAINPOD_JOB_ID``/``TRAINPOD_ATTEMPT`` are logged.
+4. under trainpod with ``--recovery in-process`` -- the loop runs in ``trainpod.elastic.run``
+   (it always does with a process group; without the opt-in it is a plain loop): when a rank
+   dies, the healthy ranks keep their processes, re-form the group with its replacement,
+   which takes their state, rebind the Checkpointer and the DDP wrapper, and go on from the
+   newest step every rank holds (ADR 0026, ADR 0046).
 
 Checkpoints go through ``trainpod.Checkpointer`` (trainpod must be installed, also for 1 and
 2): the model and the AdamW state (moments and step counts) as PyTorch Distributed
@@ -55,6 +60,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import trainpod
+from trainpod import elastic
 from trainpod.ckpt import IntervalBounds
 
 CORPUS_CAP_BYTES = 4 * 1024 * 1024
@@ -409,43 +415,8 @@ def build(
     return model, torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), **fused)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    distributed = "WORLD_SIZE" in os.environ
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    if args.threads is None and local_world > 1:
-        args.threads = 1
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    if distributed:
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    rank = dist.get_rank() if distributed else 0
-    world = dist.get_world_size() if distributed else 1
-
-    def log(msg: str) -> None:
-        if rank == 0:
-            print(msg, flush=True)
-
-    job = os.environ.get("TRAINPOD_JOB_ID")
-    attempt = os.environ.get("TRAINPOD_ATTEMPT")
-    log(
-        f"gpt: world {world}, device {device}, threads {torch.get_num_threads()}, "
-        f"ckpt dir {args.ckpt_dir}" + (f", job {job} attempt {attempt}" if job else "")
-    )
-
-    train_data, val_data = load_corpus()
-    model, opt = build(args, device)
-    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log(f"model: {n_params / 1e6:.2f}M params, corpus {len(train_data) + len(val_data)} bytes")
-
-    # Every rank, same point, same order: the Checkpointer's calls are collective.
+def make_checkpointer(args: argparse.Namespace, log: Any) -> trainpod.Checkpointer:
+    """The run's Checkpointer, as ``--ckpt-*`` say. Every rank, same point: collective."""
     auto = args.ckpt_every == "auto"
     ckpt = trainpod.Checkpointer(
         args.ckpt_dir,
@@ -462,33 +433,108 @@ def main(argv: list[str] | None = None) -> int:
     )
     every = f"at the Young/Daly interval ({mtbf})" if auto else f"every {args.ckpt_every} steps"
     log(f"checkpoints: {every if args.ckpt_every else 'not saved'}; tiers {describe_tiers(ckpt)}")
-    state: dict[str, Any] = {"train": TrainState(model, opt), "loss": float("nan")}
-    loaded = ckpt.load_latest(state)
-    if loaded is None:
-        assert ckpt.last_load is not None
-        reasons = ckpt.last_load.reasons
-        if reasons:
-            log("no checkpoint could be loaded; starting from scratch")
-            for line in describe_reasons(reasons):
-                log(line)
-        if reasons or opt.state:
-            # A candidate was planned (which primes the optimizer, see TrainState) or even
-            # partly read: start from a fresh model and optimizer, as an uninterrupted run.
-            model, opt = build(args, device)
-            state["train"] = TrainState(model, opt)
-        start, loss_val = 1, float("nan")
+    return ckpt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    distributed = "WORLD_SIZE" in os.environ
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if args.threads is None and local_world > 1:
+        args.threads = 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
     else:
-        start, loss_val = loaded + 1, float(state["loss"])
-        for line in describe_load(ckpt, start, distributed):
-            log(line)
-    ddp: nn.Module = (
-        DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
-        if distributed
-        else model
+        device = torch.device("cpu")
+    # With --recovery in-process, trainpod.elastic.run makes (and re-makes) the process group.
+    in_process = distributed and os.environ.get("TRAINPOD_RECOVERY") == "in-process"
+    if distributed and not in_process:
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    rank = int(os.environ.get("RANK", "0")) if distributed else 0
+
+    def log(msg: str) -> None:
+        if rank == 0:
+            print(msg, flush=True)
+
+    job = os.environ.get("TRAINPOD_JOB_ID")
+    attempt = os.environ.get("TRAINPOD_ATTEMPT")
+    log(
+        f"gpt: world {world}, device {device}, threads {torch.get_num_threads()}, "
+        f"ckpt dir {args.ckpt_dir}"
+        + (f", job {job} attempt {attempt}" if job else "")
+        + (", in-process recovery" if in_process else "")
     )
-    # Checkpoints always hold `model`'s own state (no `_orig_mod.` prefix from compile), so
-    # a compiled run and an eager one resume from each other's checkpoints.
-    forward: Any = torch.compile(ddp) if args.compile else ddp
+
+    train_data, val_data = load_corpus()
+    model, opt = build(args, device)
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log(f"model: {n_params / 1e6:.2f}M params, corpus {len(train_data) + len(val_data)} bytes")
+    # What a step changes, for elastic.run's in-memory copies (plain state dicts: DCP's
+    # get_state_dict would prime an optimizer that has not stepped yet, see TrainState).
+    live: dict[str, Any] = {"model": model, "optim": opt}
+    state: dict[str, Any] = {"train": TrainState(model, opt), "loss": float("nan")}
+    auto = args.ckpt_every == "auto"
+    box: dict[str, Any] = {}  # the Checkpointer and the forward module of the current group
+    # Where this run started, the newest step it saved (which steps log, and so all-reduce
+    # the loss: every rank must agree), steps done and logged since the last line.
+    run = {"start": 1, "loss": float("nan"), "saved": 0, "done": 0, "since_log": 0}
+
+    def on_group() -> None:
+        """Once per process group: the first time the Checkpointer (every rank, same point,
+        same order: its calls are collective), after an in-process recovery its rebind; and
+        the DDP wrapper, which is bound to its group."""
+        if "ckpt" in box:
+            box["ckpt"].rebind()
+        else:
+            box["ckpt"] = make_checkpointer(args, log)
+        wrap()
+        if distributed:  # a rank started fresh into a running group learns where it stands
+            at = torch.tensor([run["start"], run["saved"]], dtype=torch.int64, device=device)
+            dist.all_reduce(at, op=dist.ReduceOp.MAX)
+            run["start"], run["saved"] = (int(v) for v in at.tolist())
+
+    def wrap() -> None:
+        m = live["model"]
+        ddp: nn.Module = (
+            DDP(m, device_ids=[local_rank] if device.type == "cuda" else None) if distributed else m
+        )
+        # Checkpoints always hold `model`'s own state (no `_orig_mod.` prefix from compile), so
+        # a compiled run and an eager one resume from each other's checkpoints.
+        box["forward"] = torch.compile(ddp) if args.compile else ddp
+
+    def resume() -> int:
+        """Load the newest checkpoint that verifies (a rank started fresh into a running
+        group takes its peers' state instead, and does not come here)."""
+        ckpt = box["ckpt"]
+        loaded = ckpt.load_latest(state)
+        if loaded is None:
+            assert ckpt.last_load is not None
+            reasons = ckpt.last_load.reasons
+            if reasons:
+                log("no checkpoint could be loaded; starting from scratch")
+                for line in describe_reasons(reasons):
+                    log(line)
+            if reasons or live["optim"].state:
+                # A candidate was planned (which primes the optimizer, see TrainState) or even
+                # partly read: start from a fresh model and optimizer, as an uninterrupted run.
+                m, o = build(args, device)
+                live.update(model=m, optim=o)
+                state["train"] = TrainState(m, o)
+                wrap()
+            start = 1
+        else:
+            start = loaded + 1
+            run["loss"] = float(state["loss"])
+            for line in describe_load(ckpt, start, distributed):
+                log(line)
+        run["start"], run["saved"] = start, start - 1  # saved: the newest checkpoint's step
+        return start
+
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
     log(
         f"precision {args.dtype}, {'compiled' if args.compile else 'eager'}, "
@@ -498,59 +544,79 @@ def main(argv: list[str] | None = None) -> int:
 
     tokens_per_step = args.batch_size * args.seq_len * world
     t_start = t_log = time.perf_counter()
-    steps_done = steps_since_log = 0
-    saved = start - 1  # the newest checkpoint's step (0: none)
-    for step in range(start, args.steps + 1):
+
+    def train_step(step: int) -> None:
+        nonlocal t_log
+        m, o, ckpt = live["model"], live["optim"], box["ckpt"]
         x, y = get_batch(
             train_data,
             args.batch_size,
             args.seq_len,
             make_generator("train", args.seed, step, rank),
         )
-        for group in opt.param_groups:
+        for group in o.param_groups:
             group["lr"] = lr_at(step, args)
         with autocast:
-            loss = forward(x.to(device), y.to(device))
-        opt.zero_grad(set_to_none=True)
+            loss = box["forward"](x.to(device), y.to(device))
+        o.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        steps_done += 1
-        steps_since_log += 1
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        o.step()
+        run["done"] += 1
+        run["since_log"] += 1
         last = step == args.steps
         # Also the first step after a checkpoint: a run resumed from it logs that step first,
         # so the two lines can be compared (`trainpod demo` does).
         logged = (
             last
-            or step in (start, saved + 1)
+            or step in (run["start"], run["saved"] + 1)
             or bool(args.log_every and step % args.log_every == 0)
         )
         metrics = {"tokens": args.batch_size * args.seq_len, "lr": lr_at(step, args)}
         if logged:
-            loss_val = mean_over_ranks(loss.item(), device, distributed)
-            metrics["loss"] = loss_val
+            run["loss"] = mean_over_ranks(loss.item(), device, distributed)
+            metrics["loss"] = run["loss"]
         # A datagram; never blocks. lr and loss become the job's TensorBoard scalars
         # (metrics/lr, metrics/loss); loss only on logged steps: loss.item() waits for the
         # step on a GPU, so reading it every step would stall the pipeline.
         trainpod.report(step, **metrics)
         if logged:
             now = time.perf_counter()
-            tok_s = steps_since_log * tokens_per_step / max(now - t_log, 1e-9)
-            log(f"step {step}/{args.steps} loss {loss_val:.4f} tok/s {tok_s:.0f} (world {world})")
-            t_log, steps_since_log = now, 0
+            tok_s = run["since_log"] * tokens_per_step / max(now - t_log, 1e-9)
+            loss_s = f"loss {run['loss']:.4f} tok/s {tok_s:.0f}"
+            log(f"step {step}/{args.steps} {loss_s} (world {world})")
+            t_log, run["since_log"] = now, 0
         if args.eval_every and step % args.eval_every == 0 and not last:
-            val = mean_over_ranks(
-                evaluate(model, val_data, args, rank, device), device, distributed
-            )
+            val = mean_over_ranks(evaluate(m, val_data, args, rank, device), device, distributed)
             log(f"step {step}/{args.steps} val_loss {val:.4f}")
         due = ckpt.due(step)  # every step: it also times them for --ckpt-every auto
         if args.ckpt_every and (due or last):
-            loss_now = loss_val if logged else mean_over_ranks(loss.item(), device, distributed)
+            loss_now = run["loss"] if logged else mean_over_ranks(loss.item(), device, distributed)
             state["loss"] = loss_now
             ckpt.save(step, state)  # returns after the copy into staging memory
-            saved = step
+            run["saved"] = step
             nxt = describe_interval(ckpt) if auto else ""
             log(f"checkpoint step {step}: snapshot in {ckpt.last_stall_s or 0.0:.3f} s{nxt}")
+
+    if distributed:
+        # A plain loop over the process group made above, or (--recovery in-process) one
+        # whose healthy ranks survive a peer's fault: they re-form the group with its
+        # replacement, which takes their state, and go on (ADR 0026).
+        elastic.run(
+            train_step,
+            live,
+            steps=args.steps + 1,
+            start_step=1,
+            on_group=on_group,
+            resume=resume,
+            backend="nccl" if device.type == "cuda" else "gloo",
+        )
+    else:
+        on_group()
+        for step in range(resume(), args.steps + 1):
+            train_step(step)
+    model, ckpt, start, loss_val = live["model"], box["ckpt"], run["start"], run["loss"]
+    steps_done = run["done"]
     elapsed = time.perf_counter() - t_start
     tok_s = steps_done * tokens_per_step / elapsed if steps_done else 0.0
 

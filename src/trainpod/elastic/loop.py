@@ -244,6 +244,9 @@ class _Loop:
             step += 1
         # The last group stays, as in a plain loop: the caller may still need it (close a
         # Checkpointer, whose commits are collectives; evaluate) and destroys it at the end.
+        # Its collectives get torch's default timeout again: the short one is for detecting a
+        # peer's fault between steps, not for a final close or evaluation.
+        c10d._set_pg_timeout(c10d.default_pg_timeout)
         self.result.steps = step
         self.result.generation = self.generation
         return self.result
