@@ -287,3 +287,12 @@ def test_rebind_after_close_is_refused(tmp_path: Path) -> None:
     ck.close()
     with pytest.raises(CheckpointError, match="rebind\\(\\) after close"):
         ck.rebind()
+
+
+def test_the_node_ring_is_the_listed_one_unless_a_spare_took_a_node_s_place() -> None:
+    from trainpod.ckpt.checkpointer import node_ring
+
+    assert node_ring(["b", "b", "a", "a"], ("a", "b")) == ("a", "b")  # as listed
+    assert node_ring(["a", "a"], ("a",)) == ("a",)
+    # rank 0 was given the list before node b was lost; ranks 2-3 now run on spare s
+    assert node_ring(["a", "a", "s", "s"], ("a", "b")) == ("a", "s")

@@ -54,6 +54,15 @@ def default_tiers(
     )
 
 
+def node_ring(rank_nodes: list[str], listed: tuple[str, ...]) -> tuple[str, ...]:
+    """The job's nodes in ring order (peer copies go to the next one), the same on every
+    rank: the list rank 0 was given (``TRAINPOD_NODES``) where it names the nodes the ranks
+    are on, else those nodes in rank order. After a lost node's ranks started on a spare in
+    the same attempt (ADR 0035), the ranks that stayed were given the old list."""
+    actual = tuple(dict.fromkeys(rank_nodes))
+    return listed if len(listed) > 1 and set(listed) == set(actual) else actual
+
+
 class Checkpointer:
     """Tiered asynchronous checkpoints of a training state, in PyTorch DCP format.
 
@@ -401,14 +410,16 @@ class Checkpointer:
         self._copy_coll = Coll.create(self._timeout_s)
         if self._write_coll.group is None:  # DCP warns on every single-process call
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        gathered = self._write_coll.all_gather((self.layout.node, link is not None))
+        gathered = self._write_coll.all_gather(
+            (self.layout.node, link is not None, self.layout.nodes)
+        )
         nodes = [g[0] for g in gathered]
         if not all(g[1] for g in gathered):  # every rank hands off, or none does
             if required and link is not None:
                 raise CheckpointConfigError("agent=True, but another rank has no agent")
             link = None
         rank = self._write_coll.rank
-        ring = self.layout.nodes if len(self.layout.nodes) > 1 else tuple(dict.fromkeys(nodes))
+        ring = node_ring(nodes, gathered[0][2])
         self.ctx = Ctx(
             rank=rank,
             world_size=self._write_coll.world_size,
