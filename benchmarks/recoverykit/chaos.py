@@ -67,11 +67,11 @@ def gpt_spec(
     )
 
 
-def calibrate_gpt(client: TrainpodClient, workdir: Path) -> dict[str, Any]:
+def calibrate_gpt(client: TrainpodClient, workdir: Path, tag: str = "") -> dict[str, Any]:
     """A short fault-free GPT job: step time, checkpoint stall per save, start-up."""
     steps, every = 60, 20
     job = client.submit(
-        gpt_spec("recovery-gpt-calibration", workdir / "gpt-cal", workdir, steps, every)
+        gpt_spec("recovery-gpt-calibration", workdir / f"gpt-cal{tag}", workdir, steps, every)
     )
     watch = JobWatch(client, job.id)
     try:
@@ -129,13 +129,20 @@ def run_chaos(
     ``--steps`` is sized for CHAOS_STEP_MARGIN x ``minutes`` at the calibrated step time
     (the pace follows the machine's load, which others share), and the job is cancelled once
     ``minutes`` have passed and it is running again; if it completes earlier, so be it."""
-    cal = calibrate_gpt(client, workdir)
+    cal = calibrate_gpt(client, workdir, f"-{recovery}")
     step_s = cal["step_time_s"]
     steps = max(100, int(CHAOS_STEP_MARGIN * minutes * 60 / step_s))
     ckpt_every = chaos_ckpt_every(ckpt, step_s)
     rng = random.Random(seed)
     job = client.submit(
-        gpt_spec("recovery-gpt-chaos", workdir / "gpt-chaos", workdir, steps, ckpt_every, recovery)
+        gpt_spec(
+            "recovery-gpt-chaos",
+            workdir / f"gpt-chaos-{recovery}",  # its own: a second run must not resume it
+            workdir,
+            steps,
+            ckpt_every,
+            recovery,
+        )
     )
     t0 = time.monotonic()
     end_at = minutes * 60
