@@ -48,16 +48,27 @@ class Coll:
         group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         return cls(group, dist.get_rank(), dist.get_world_size())
 
-    def all_gather(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj`` (picklable), in rank order."""
+    def bound(self) -> Any:
+        """The group, for a call that takes one (DCP's ``process_group``; None: not
+        distributed). Raises :class:`CollClosed` once closed, so a caller racing
+        :meth:`close` never passes None (DCP's "not distributed") for a closed group."""
+        group = self.group
         if self.closed is not None:
             raise CollClosed(self.closed)
-        if self.group is None:
+        return group
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order."""
+        # The group first, then the flag (close() sets them the other way round): a call
+        # racing close() uses the old group or raises, never ``group=None`` (the default
+        # group, the new generation's) nor the trivial path.
+        group = self.bound()
+        if group is None:
             return [obj]
         import torch.distributed as dist
 
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.group)
+        dist.all_gather_object(out, obj, group=group)
         return out
 
     def all_true(self, flag: bool) -> bool:

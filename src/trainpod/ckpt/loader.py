@@ -209,8 +209,9 @@ def load_latest(
             continue
         err = None
         try:
-            dcp.load(state, storage_reader=_reader(plan.routes), process_group=coll.group,
-                     no_dist=coll.group is None)  # fmt: skip
+            group = coll.bound()
+            dcp.load(state, storage_reader=_reader(plan.routes), process_group=group,
+                     no_dist=group is None)  # fmt: skip
         except Exception as exc:
             err = f"dcp.load: {type(exc).__name__}: {exc}"
         failed = [f"step {step} rank {r}: {e}" for r, e in enumerate(coll.all_gather(err)) if e]

@@ -44,7 +44,8 @@ def _dcp_save(staged: dict[str, Any], d: Path, tier: FsTier, coll: Coll) -> None
 
     d.mkdir(parents=True, exist_ok=True)
     writer = dcp.FileSystemWriter(d, sync_files=tier.sync)
-    dcp.save(staged, storage_writer=writer, process_group=coll.group, no_dist=coll.group is None)
+    group = coll.bound()
+    dcp.save(staged, storage_writer=writer, process_group=group, no_dist=group is None)
 
 
 def place(
