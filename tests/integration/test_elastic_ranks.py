@@ -196,15 +196,22 @@ def test_a_checkpointer_carries_on_through_an_in_process_recovery(
     new: all save at the same steps after the recovery, the last save is committed, and a
     full restart resumes from it (``resume=``) with the model of the undisturbed run."""
     ckpt = tmp_path / "ckpt"
-    extra = ("--mark-at", "10", "--step-sleep", "0.05", "--ckpt", str(ckpt), "--ckpt-every", "3")
+    extra = ("--mark-at", "10", "--mark-at", "25", "--step-sleep", "0.05")
+    extra += ("--ckpt", str(ckpt), "--ckpt-every", "3")
     ranks = ranks_factory("ckpt-faulty", extra=extra)
     ranks.start_all()
     wait_until(lambda: ranks.marked(10), timeout_s=60, what="every rank past step 10")
     ranks.kill(3)
     ranks.recover(1, replaced=(3,))
+    # A second fault, of another rank, once the first replacement runs: its Checkpointer is
+    # the fresh one now, rank 3's the rebound one.
+    wait_until(lambda: ranks.marked(25), timeout_s=60, what="every rank past step 25")
+    ranks.kill(2)
+    ranks.recover(2, replaced=(2,))
     assert _finish(ranks) == dict.fromkeys(range(WORLD), 0), _logs(ranks)
     got = ranks.results()
-    [joined] = got[3]["recoveries"]
+    joined = got[2]["recoveries"][-1]
+    assert joined["cause"] == "replacement" and got[2]["generation"] == 2
     resumed = joined["resumed_step"]
     after = [s for s in got[0]["saves"] if s >= resumed]
     assert after and after[-1] == STEPS - 1, got[0]["saves"]

@@ -5,7 +5,7 @@ Each step's batch is a function of the step and the rank only, so a rolled-back 
 exactly what it did. Every rank writes ``<out>/rank-<r>.json`` at the end: its pid, the
 final loss on a fixed probe batch, the parameters, the steps it ran and its recoveries.
 
-``--steps N --out DIR [--step-sleep S] [--mark-at K] [--ddp] [--sharded] [--ckpt DIR
+``--steps N --out DIR [--step-sleep S] [--mark-at K ...] [--ddp] [--sharded] [--ckpt DIR
 --ckpt-every K]``: with ``--ckpt`` a ``trainpod.Checkpointer`` saves every K steps and after
 the last (made in ``on_group`` the first time, ``rebind()`` there after), and the run
 resumes from its newest checkpoint (``resume=``). After step K the
@@ -35,7 +35,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, required=True)
 p.add_argument("--out", type=Path, required=True)
 p.add_argument("--step-sleep", type=float, default=0.0)
-p.add_argument("--mark-at", type=int, default=-1)
+p.add_argument("--mark-at", type=int, action="append", default=[])
 p.add_argument("--timeout-s", type=float, default=5.0)
 p.add_argument("--wait-s", type=float, default=60.0)
 p.add_argument("--ddp", action="store_true", help="DistributedDataParallel, rebuilt per group")
@@ -122,7 +122,7 @@ def train_step(step: int) -> None:
     if ckpts and (ckpts[0].due(step) or step == args.steps - 1):
         ckpts[0].save(step, {"model": model, "optim": opt})
         saves.append(step)
-    if step == args.mark_at:
+    if step in args.mark_at:
         (args.out / f"at-{step}-rank-{rank}").touch()
     if args.step_sleep:
         time.sleep(args.step_sleep)
