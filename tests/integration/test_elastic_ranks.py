@@ -196,7 +196,7 @@ def test_a_checkpointer_carries_on_through_an_in_process_recovery(
     new: all save at the same steps after the recovery, the last save is committed, and a
     full restart resumes from it (``resume=``) with the model of the undisturbed run."""
     ckpt = tmp_path / "ckpt"
-    extra = ("--mark-at", "10", "--mark-at", "25", "--step-sleep", "0.05")
+    extra: tuple[str, ...] = ("--mark-at", "10", "--mark-at", "25", "--step-sleep", "0.05")
     extra += ("--ckpt", str(ckpt), "--ckpt-every", "3")
     ranks = ranks_factory("ckpt-faulty", extra=extra)
     ranks.start_all()

@@ -51,7 +51,8 @@ def test_gpt_survives_a_killed_rank_in_process(cluster: Cluster, tmp_path: Path)
     assert len(done.attempts) == 1, f"{why}\n{cluster.client.logs(job.id, rank=1, attempt=1).data}"
     (same,) = done.attempts  # recovered in process: no second attempt
     assert {r.rank: r.pid for r in same.ranks}[0] == pids[0]
-    assert {r.rank: r.pid for r in same.ranks}[1] != pids[1], f"{why}\n{cluster.client.logs(job.id, rank=1).data}"
+    rank1 = cluster.client.logs(job.id, rank=1).data
+    assert {r.rank: r.pid for r in same.ranks}[1] != pids[1], f"{why}\n{rank1}"
     kinds = [e.kind for e in events]
     assert "in_process_recovery_done" in kinds and "recovery_decision" not in kinds, kinds
 
