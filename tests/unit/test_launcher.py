@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainpod.agent.launcher import Launcher, RankProcess, _open_log, _write_notice
-from trainpod.api.models import LaunchOrder, RankReport, RankSlot
+from trainpod.api.models import LaunchOrder, RankReport, RankSlot, RecoverOrder
 from trainpod.testing.wait import wait_until
 
 # Says "ready" in its log once its signal handling is set up.
@@ -214,3 +214,50 @@ def test_an_in_process_run_whose_only_rank_failed_waits_for_its_recover_order(
         assert again.exit_code == 1  # TRAINPOD_RECOVER_GENERATION=1 this time
     finally:
         launcher.kill_everything()
+
+
+def test_a_late_acknowledgement_of_an_exit_does_not_forget_a_rank_started_again(
+    tmp_path: Path,
+) -> None:
+    """In-process recovery (ADR 0026): the only rank here failed, its exit was
+    acknowledged, and the recover order started it again. A reply to a beat read before
+    the restart (the agent's other thread, late) acknowledges the old process's exit
+    again: the new process must stay reported, and killable. In a chaos run the run was
+    forgotten instead; the controller never saw the rank running and gave the recovery up,
+    and the new process ran on beside the next attempt's."""
+    launcher = Launcher(node_env={"TRAINPOD_SCRATCH_DIR": str(tmp_path)}, on_change=lambda: None)
+    code = (  # fails, and runs once started again in a generation
+        "import os, sys, time\n"
+        "if not os.environ.get('TRAINPOD_RECOVER_GENERATION'): sys.exit(3)\n"
+        "time.sleep(120)"
+    )
+    order = LaunchOrder(
+        attempt_id=5,
+        job_id=1,
+        attempt_number=1,
+        argv=[sys.executable, "-c", code],
+        workdir=str(tmp_path),
+        env={"TRAINPOD_RECOVERY": "in-process"},
+        ranks=[RankSlot(rank=0, local_rank=0)],
+        log_dir=str(tmp_path / "attempt-5"),
+    )
+    assert launcher.launch(order)
+    (failed,) = _ended(launcher, 5)
+    assert failed.exit_code == 3
+    stale = launcher.reports()  # read before the restart
+    launcher.delivered(stale)  # acknowledged: the run is kept for its recover order
+    recover = RecoverOrder(
+        attempt_id=5, generation=1, master_addr="127.0.0.1", master_port=29500,
+        world_size=2, replaced=[0], respawn=[0], deadline_s=10,
+    )  # fmt: skip
+    assert launcher.recover(recover)
+    try:
+        launcher.delivered(stale)  # the late one
+        (rep,) = launcher.reports()
+        assert [r.state for r in rep.ranks] == ["running"]
+        assert rep.ranks[0].pid != failed.pid
+        assert launcher.kill(5, grace_s=0.0)
+        (killed,) = _ended(launcher, 5)
+        assert killed.signal in (signal.SIGTERM, signal.SIGKILL)
+    finally:
+        launcher.kill(5, grace_s=0.0)

@@ -595,9 +595,14 @@ class Launcher:
                 run = self._runs.get(rep.attempt_id)
                 if run is None:
                     continue
-                ended = {r.rank for r in rep.ranks if r.state == "exited"}
+                # An exit is acknowledged for the process it was about: a rank started
+                # again in its attempt (in process, ADR 0026) runs as a new one, and a
+                # reply to a beat read before the restart (the other thread's, late) must
+                # not mark it delivered. Its run would then be forgotten with the new
+                # process alive: never reported, never killed.
+                ended = {(r.rank, r.pid) for r in rep.ranks if r.state == "exited"}
                 for r in run.ranks:
-                    if r.rank in ended:
+                    if not r.running and (r.rank, r._pid()) in ended:
                         r.delivered = True
                 if all(r.delivered for r in run.ranks):
                     now = time.time()
