@@ -258,6 +258,11 @@ def chaos_results(
         "faults_classified": _count(classified_faults(events).values()),
         "injected": [asdict(f) for f in faults],
         "attempts": len(info.attempts),
+        # The cross-check goodput cannot make: steps reached in the wall time, against what
+        # the calibrated step time would give without a fault (goodput counts beaconing
+        # time as productive, whatever a step cost).
+        "last_step": max((a.get("last_step") or 0 for a in gp["attempts"]), default=0),
+        "steps_fault_free": int(wall / cal["step_time_s"]) if cal["step_time_s"] else 0,
         "model": model,
         "notes": gp["notes"],
         "goodput_report": gp,

@@ -89,6 +89,8 @@ def render_chaos(g: dict[str, Any] | None) -> list[str]:
             f"FaultRecords say {g['faults_by_kind']}), attempts {g['attempts']}",
             f"  wall {g['wall_s']:.1f} s, productive {g['productive_s']:.1f} s, goodput "
             f"{100 * g['goodput']:.1f} %, ETTR {100 * g['ettr']:.1f} %",
+            f"  last step reached {g.get('last_step', '?')} (fault-free at the calibrated "
+            f"step time: ~{g.get('steps_fault_free', '?')})",
             "  lost by cause (s): "
             + ", ".join(f"{k} {v:.1f}" for k, v in g["lost_by_cause_s"].items()),
         ]
