@@ -58,12 +58,17 @@ def local_cluster(name: str, spec_text: str, prefix: str) -> Iterator[LocalClust
 
 
 def copy_logs(paths: ClusterPaths, dest: Path) -> None:
-    """The controller's and agents' logs (before the delete stops the agents)."""
+    """The controller's and agents' logs (before the delete stops the agents), and every
+    rank's log (``jobs/<job>/attempt-<n>/rank-<r>.log``: what a rank said before it failed
+    or gave a recovery up)."""
     dest.mkdir(parents=True, exist_ok=True)
     logs = [*paths.logs.glob("*.log"), *paths.state_dir.glob("nodes/*/agent.log")]
     for log in logs:
         name = log.name if log.parent == paths.logs else f"agent-{log.parent.name}.log"
         shutil.copyfile(log, dest / name)
+    for rank_log in paths.jobs_dir.glob("*/attempt-*/rank-*.log"):
+        job, attempt = rank_log.parent.parent.name, rank_log.parent.name
+        shutil.copyfile(rank_log, dest / f"job-{job}-{attempt}-{rank_log.name}")
 
 
 def delete_cluster(backend: Backend, paths: ClusterPaths) -> None:
