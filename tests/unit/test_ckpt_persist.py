@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from trainpod.agent.agent import memory_to_release
-from trainpod.agent.persisters import CheckpointHub, sweep_memory_tiers
+from trainpod.agent.persisters import CheckpointHub, scratch_kept_because, sweep_memory_tiers
 from trainpod.ckpt.handoff import AgentLink, PersistStatus, TierConfig
 from trainpod.ckpt.manifest import METADATA, FileEntry, Manifest
 from trainpod.ckpt.parts import part_path
@@ -598,3 +598,70 @@ def test_reports_a_dead_agent_missed_are_handed_to_the_next_one(tmp_path: Path) 
         ("failed", "scratch"),
     ]
     assert not journal.exists() and replay(journal, got.append) == 0
+
+
+@pytest.mark.parametrize("durable_works", [True, False])
+def test_an_ended_jobs_scratch_copies_go_once_the_durable_store_holds_them(
+    tmp_path: Path, shm_job: str, durable_works: bool
+) -> None:
+    """A node's scratch dir must not fill with the copies of jobs that ended (a disk-full
+    health fault, later): they go with the memory tier, but only where the durable store
+    holds their newest step; else they are the newest copy there is, and stay."""
+    shm = Path("/dev/shm/trainpod") / shm_job
+    m = make_memory(shm, nodes=("n0",))
+    node_scratch = tmp_path / "scratch" / "n0"
+    job_dir = node_scratch / "job-7"
+    (job_dir / "ckpt-peer").mkdir(parents=True)  # the copies it holds for a peer
+    (job_dir / "notes.txt").write_text("a shell's file")
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    durable = tmp_path / "durable" if durable_works else blocker / "durable"
+    sock = Path(tempfile.mkdtemp(prefix="tph-", dir="/tmp")) / "c.sock"
+    hub = CheckpointHub(
+        sock, log_dir=tmp_path / "logs", scratch_root=node_scratch, finish_timeout_s=1.0
+    )
+    try:
+        link = AgentLink(str(sock))
+        config = TierConfig(
+            node="n0", memory=str(shm / "n0"), scratch=str(job_dir / "ckpt"), durable=str(durable)
+        )
+        msg = {"op": "persist", "job_key": shm_job, "node": "n0", "step": STEP, "job_id": 7,
+               "attempt_id": 3, "stall_s": 0.1, "bytes": m.total_bytes(),
+               "tiers": config.to_dict()}  # fmt: skip
+        assert link.request(msg) == {"ok": True}
+
+        def settled() -> bool:
+            st = link.status(shm_job, "n0")
+            if st is None or st.committed.get("scratch") != STEP:
+                return False
+            return st.committed.get("durable") == STEP or "durable" in st.errors
+
+        wait_until(settled, timeout_s=30, what="the scratch copy and the durable outcome")
+        assert (job_dir / "ckpt" / step_name(STEP)).is_dir()
+        hub.retain({8})  # job 7 ended
+        assert hub.wait_idle(30)
+        assert not shm.exists()
+        if durable_works:
+            assert not (job_dir / "ckpt").exists() and not (job_dir / "ckpt-peer").exists()
+            assert (job_dir / "notes.txt").read_text() == "a shell's file"
+        else:
+            assert (job_dir / "ckpt" / step_name(STEP) / "manifest.json").is_file()
+    finally:
+        hub.close()
+        shutil.rmtree(sock.parent, ignore_errors=True)
+
+
+def test_what_keeps_an_ended_jobs_scratch_copies() -> None:
+    def why(committed: dict[str, int | None], saved: int = 9, primary: bool = False) -> str | None:
+        return scratch_kept_because(
+            PersistStatus(committed=committed), saved, primary_is_scratch=primary
+        )
+
+    assert why({"scratch": 9, "durable": 9}) is None
+    assert why({"scratch": 8, "durable": 9}) is None  # durable skipped ahead of scratch
+    assert why({}) is None  # scratch never committed a step: nothing of value there
+    assert why({"scratch": 9, "durable": 6}) == "they hold step 9, the durable store only step 6"
+    assert "no step of it" in str(why({"scratch": 9}))
+    # Scratch is the primary tier (no memory tier): the newest step handed over is in it.
+    assert why({"durable": 6}, saved=9, primary=True) is not None
+    assert why({"durable": 9}, saved=9, primary=True) is None

@@ -50,6 +50,7 @@ from trainpod.api.models import (
     RankReport,
     RecoverOrder,
 )
+from trainpod.ckpt.layout import job_scratch_dir
 from trainpod.elastic import protocol as elastic_protocol
 from trainpod.elastic.protocol import Recover
 from trainpod.errors import Fatal
@@ -502,7 +503,7 @@ class Launcher:
         root = self._node_env.get("TRAINPOD_SCRATCH_DIR")
         if root is None:
             return Path(order.log_dir).parent / "scratch"
-        return Path(root) / f"job-{order.job_id}"
+        return job_scratch_dir(Path(root), order.job_id)
 
     def _terminate(self, run: AttemptRun, grace_s: float) -> None:
         leaders: list[psutil.Process] = []

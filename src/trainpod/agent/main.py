@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         state_file=node_dir / "checkpoints.json",
         on_change=on_change,
         grants=grants,
+        scratch_root=scratch,  # an ended job's copies there go once durable holds them
         # The interpreter of the persisters; an account's runs as it, so it must be one that
         # account may execute (the agent's own may sit in root's home).
         python=os.environ.get("TRAINPOD_PERSIST_PYTHON") or sys.executable,

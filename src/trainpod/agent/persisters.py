@@ -13,7 +13,10 @@ heartbeat at least once (:meth:`reports` / :meth:`delivered`), and its progress 
 When the controller's orders no longer list a job as active on this node
 (:meth:`retain`), its persister is told to finish the newest step (bounded by
 ``finish_timeout_s``), then stopped, and the job's shared-memory dirs on this node are
-removed. Between attempts of a job nothing is removed: an in-job restart on the same node
+removed. So are its checkpoint copies in the node's scratch dir (``scratch_root``: the
+scratch tier and the peer copies this node holds), once the durable store holds the newest
+step they hold; else they stay, with a warning (they are then the newest copy there is).
+Between attempts of a job nothing is removed: an in-job restart on the same node
 finds its memory tier. The memory dirs of the jobs it knows (from their launch, see
 :meth:`expect`, and their hand-offs) are kept in ``state_file``, so an agent that restarts
 still cleans up after them. The agent of a Slurm allocation that stops ends its own job here
@@ -48,7 +51,7 @@ from trainpod.agent.accounts import Grants, RunAs, owns
 from trainpod.agent.unixsock import SeqpacketServer
 from trainpod.api.models import CheckpointReport, CheckpointUpload
 from trainpod.ckpt.handoff import MAX_MESSAGE, WIRE_VERSION, PersistStatus
-from trainpod.ckpt.layout import SHM_ROOT
+from trainpod.ckpt.layout import PEER_TIER, SCRATCH_TIER, SHM_ROOT, job_scratch_dir
 from trainpod.ckpt.persist import DEFAULT_NICE, journal_of
 from trainpod.ckpt.persistwire import (
     PersistReport,
@@ -100,6 +103,8 @@ class _Job:
     finishing: bool = False
     exited: bool = False
     account: RunAs | None = None  # the persister runs as it (None: as the agent)
+    reader: threading.Thread | None = None  # reads the persister's stdout until it closes
+    primary_is_scratch: bool = False  # no memory tier: the workers write scratch directly
 
     @property
     def staging(self) -> Path:
@@ -135,8 +140,11 @@ class CheckpointHub:
         mode: int = 0o600,
         grants: Grants | None = None,
         on_forwarded: Callable[[int], None] | None = None,
+        scratch_root: Path | None = None,
     ) -> None:
         self.path = Path(path)
+        self.scratch_root = scratch_root
+        """This node's scratch dir (``TRAINPOD_SCRATCH_DIR``); None: no scratch clean-up."""
         self._on_forwarded = on_forwarded or (lambda _step: None)
         """Called with each step forwarded to a persister, before the worker's answer (the
         test seam of :func:`trainpod.agent.chaos.die_in_handoff`)."""
@@ -373,6 +381,7 @@ class CheckpointHub:
             if j is None or j.exited:
                 saved = j.saved_step if j else -1
                 j = _Job((job_key, node), req.job_id, primary, saved_step=saved, account=account)
+                j.primary_is_scratch = not cfg.memory
                 self._jobs[j.key] = j
                 spawn = True
             else:
@@ -476,9 +485,10 @@ class CheckpointHub:
             )
         log.info("checkpoint persister for %s on %s: pid %d", j.key[0], j.key[1], j.proc.pid)
         assert j.proc.stdout is not None
-        threading.Thread(
+        j.reader = threading.Thread(
             target=self._read, args=(j, j.proc.stdout), name=f"ckpt-read-{j.key[0]}", daemon=True
-        ).start()
+        )
+        j.reader.start()
 
     def _read(self, j: _Job, out: IO[bytes]) -> None:
         for line in out:
@@ -512,6 +522,8 @@ class CheckpointHub:
                 log.warning("persister of %s did not finish in time: stopping it", j.key[0])
                 proc.kill()
                 proc.wait()
+        if j.reader is not None:
+            j.reader.join(5.0)  # its last status: what the durable store holds
         log.info("job %s has ended: removing its memory tier %s", j.key[0], j.primary)
         if removable(j.primary):
             _remove_memory(j.primary, j.key[1])
@@ -519,6 +531,8 @@ class CheckpointHub:
             shutil.rmtree(j.staging, ignore_errors=True)
             j.lock.unlink(missing_ok=True)
             journal_of(j.staging, j.key[1]).unlink(missing_ok=True)
+        if j.job_id is not None and self.scratch_root is not None:
+            self._release_scratch(j, job_scratch_dir(self.scratch_root, j.job_id))
         with self._lock:
             if self._jobs.get(j.key) is j:
                 del self._jobs[j.key]
@@ -527,6 +541,28 @@ class CheckpointHub:
                 still = any(x.job_id == j.job_id for x in self._jobs.values())
             if not still:
                 self._forget(j.job_id)
+
+    def _release_scratch(self, j: _Job, job_dir: Path) -> None:
+        """Remove an ended job's checkpoint copies from this node's scratch dir, unless they
+        hold a step that the durable store does not (see :func:`scratch_kept_because`)."""
+        tiers = [job_dir / SCRATCH_TIER, job_dir / PEER_TIER]
+        if not any(t.exists() for t in tiers):
+            return
+        with self._lock:
+            status = j.status or PersistStatus()
+        why = scratch_kept_because(status, j.saved_step, primary_is_scratch=j.primary_is_scratch)
+        if why is not None:
+            log.warning(
+                "job %s has ended: kept its scratch copies in %s: %s", j.key[0], job_dir, why
+            )
+            return
+        log.info("job %s has ended: removing its scratch copies in %s", j.key[0], job_dir)
+        for t in tiers:
+            shutil.rmtree(t, ignore_errors=True)
+        try:
+            job_dir.rmdir()  # only when nothing else is left in it (a shell's files stay)
+        except OSError:
+            pass
 
     # -- what survives an agent restart -------------------------------------------------
     def _load_state(self) -> dict[int, set[str]]:
@@ -572,6 +608,26 @@ def sweep_memory_tiers(state_file: Path) -> list[Path]:
                 _remove_memory(path, path.name)
                 removed.append(path)
     return removed
+
+
+def scratch_kept_because(
+    status: PersistStatus, saved_step: int, *, primary_is_scratch: bool
+) -> str | None:
+    """Why an ended job's copies in node scratch must stay (None: they may go). They go once
+    the durable store holds a step at least as new as the newest they hold: the scratch
+    tier's newest commit (or, where scratch is the primary tier, the newest step handed
+    over, ``saved_step``). A job whose scratch holds no committed step has nothing there to
+    keep."""
+    newest = saved_step if primary_is_scratch else status.committed.get("scratch")
+    if newest is None or newest < 0:
+        return None
+    durable = status.committed.get("durable")
+    if durable is None:
+        error = status.errors.get("durable")
+        return f"the durable store has no step of it ({error or 'none committed'})"
+    if durable < newest:
+        return f"they hold step {newest}, the durable store only step {durable}"
+    return None
 
 
 def _written_in(source: str | None, memory: str | None, scratch: str | None) -> Path:

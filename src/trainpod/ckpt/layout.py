@@ -22,6 +22,10 @@ from pathlib import Path
 from trainpod.ckpt.errors import CheckpointConfigError
 
 SHM_ROOT = Path("/dev/shm")
+SCRATCH_TIER = "ckpt"
+"""The scratch tier's dir inside a job's scratch dir on a node."""
+PEER_TIER = "ckpt-peer"
+"""Where a node holds its peers' copies, inside its own scratch dir of the job."""
 DEFAULT_MTBF_S = 4 * 3600.0
 """Mean time between failures assumed by ``interval="auto"`` when nothing else is known."""
 
@@ -64,7 +68,7 @@ class Layout:
         """Where node ``holder`` keeps the peer copies it holds for other nodes."""
         if self.scratch_base is None:
             return None
-        return self.scratch_base / holder / self.job_scratch_name / "ckpt-peer"
+        return self.scratch_base / holder / self.job_scratch_name / PEER_TIER
 
 
 def resolve(
@@ -125,14 +129,14 @@ def resolve(
     job_scratch_name = job_key
     if scratch_dir is not None:
         scratch_base = Path(os.fspath(scratch_dir)).absolute()
-        scratch = scratch_base / node / job_key / "ckpt"
+        scratch = scratch_base / node / job_key / SCRATCH_TIER
     elif job_scratch:
-        scratch = Path(job_scratch) / "ckpt"
+        scratch = Path(job_scratch) / SCRATCH_TIER
         job_scratch_name = Path(job_scratch).name
         base = Path(node_scratch) if node_scratch else Path(job_scratch).parent
         scratch_base = base.parent
     elif node_scratch:
-        scratch = Path(node_scratch) / job_key / "ckpt"
+        scratch = Path(node_scratch) / job_key / SCRATCH_TIER
         scratch_base = Path(node_scratch).parent
     return Layout(
         node=node,
@@ -146,6 +150,12 @@ def resolve(
         job_scratch_name=job_scratch_name,
         managed=bool(job_id),
     )
+
+
+def job_scratch_dir(node_scratch: Path, job_id: int) -> Path:
+    """A trainpod job's scratch dir on a node whose scratch dir is ``node_scratch`` (the
+    agent makes it for the job's ranks and gives it them as ``TRAINPOD_JOB_SCRATCH_DIR``)."""
+    return node_scratch / f"job-{job_id}"
 
 
 def private_dir(path: Path) -> Path:
