@@ -112,7 +112,16 @@ from recoverykit.mttr import (
     observe_slow,
     run_class,
 )
-from recoverykit.report import _load, comparison, git_state, machine, parse_args, render, targets
+from recoverykit.report import (
+    _load,
+    comparison,
+    git_state,
+    machine,
+    parse_args,
+    render,
+    summarize_chaos,
+    targets,
+)
 from recoverykit.torchrun_cmp import TorchrunSample, run_torchrun
 from trainpod.errors import TrainpodError
 
@@ -133,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     chaos: dict[str, Any] | None = None
     chaos_in_process: dict[str, Any] | None = None
     side: dict[str, Any] | None = None
+    chaos_runs: dict[str, list[dict[str, Any]]] = {}
     chosen = [fc for fc in CLASSES if fc.name in args.classes]
     t = time.monotonic()
 
@@ -173,24 +183,27 @@ def main(argv: list[str] | None = None) -> int:
                     if args.chaos_recovery == "both"
                     else [args.chaos_recovery]
                 )
-                for mode in modes:
-                    try:
-                        run = run_chaos(
-                            client,
-                            workdir,
-                            args.chaos_minutes,
-                            args.fault_every_s,
-                            args.seed,
-                            args.chaos_ckpt_every,
-                            mode,
-                        )
-                    except (RuntimeError, TimeoutError, TrainpodError) as exc:
-                        run = {"error": f"{type(exc).__name__}: {exc}", "recovery": mode}
-                    if mode == "in-process" and len(modes) == 2:
-                        chaos_in_process = run
-                    else:
-                        chaos = run
-                    lap(f"chaos_{mode}")
+                for i in range(args.chaos_runs):  # the modes interleaved: the load drifts
+                    for mode in modes:
+                        try:
+                            run = run_chaos(
+                                client,
+                                workdir,
+                                args.chaos_minutes,
+                                args.fault_every_s,
+                                args.seed + i,
+                                args.chaos_ckpt_every,
+                                mode,
+                            )
+                        except (RuntimeError, TimeoutError, TrainpodError) as exc:
+                            run = {"error": f"{type(exc).__name__}: {exc}", "recovery": mode}
+                        run["seed"] = args.seed + i
+                        chaos_runs.setdefault(mode, []).append(run)
+                        if i == 0 and mode == "in-process" and len(modes) == 2:
+                            chaos_in_process = run
+                        elif i == 0:
+                            chaos = run
+                        lap(f"chaos_{mode}" + (f"_{i}" if i else ""))
             if args.in_process:
                 side = run_side_by_side(client, args.repeats, workdir)
                 lap("in_process")
@@ -218,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         "crash_vs_torchrun": comparison(tr_samples, compared, compared_errors),
         "chaos": chaos,
         **({"chaos_in_process": chaos_in_process} if chaos_in_process is not None else {}),
+        **(
+            {"chaos_runs": chaos_runs, "chaos_summary": summarize_chaos(chaos_runs)}
+            if args.chaos_runs > 1
+            else {}
+        ),
         "in_process": side,
         "args": {k: str(v) for k, v in vars(args).items()},
     }
@@ -235,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     unrecovered += sum(1 for k, v in compared.items() if k != "trainpod_2x1" for s in v if not s.ok)
     unrecovered += sum(1 for s in tr_samples if s.error)
     unrecovered += sum(1 for s in (side or {}).get("samples", []) if s["stepping_s"] is None)
-    chaos_failed = chaos is not None and not chaos.get("ok")
+    chaos_failed = any(
+        not g.get("ok") for g in [chaos or {"ok": True}, *chaos_runs.get("restart", [])]
+    )
     if unrecovered or chaos_failed:
         why = f"{unrecovered} injection(s) did not recover as expected"
         why += "; the chaos job did not run to its end" if chaos_failed else ""

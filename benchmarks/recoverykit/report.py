@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import platform
+import statistics
 import subprocess
 from dataclasses import asdict
 from pathlib import Path
@@ -114,6 +115,74 @@ def render_chaos(g: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+SUMMED = (  # key in a chaos run, label, scale, decimals
+    ("goodput", "goodput %", 100.0, 1),
+    ("lost_s", "lost s", 1.0, 1),
+    ("attempts", "attempts", 1.0, 0),
+    ("last_step", "last step", 1.0, 0),
+    ("steps_vs_fault_free", "steps / fault-free %", 100.0, 1),
+    ("step_time_s", "calibrated s/step", 1.0, 3),
+)
+
+
+def summarize_chaos(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per mode, each figure of its completed runs as median [min, max], and how many runs
+    failed (``--chaos-runs``)."""
+    out: dict[str, Any] = {}
+    for mode, rs in runs.items():
+        ok = [g for g in rs if "goodput" in g]
+        figures: dict[str, dict[str, float]] = {}
+        for key, *_ in SUMMED:
+            values = [float(v) for g in ok if (v := _chaos_figure(g, key)) is not None]
+            if values:
+                figures[key] = {
+                    "median": statistics.median(values),
+                    "min": min(values),
+                    "max": max(values),
+                    "n": len(values),
+                }
+        out[mode] = {"runs": len(rs), "failed": len(rs) - len(ok), "figures": figures}
+    return out
+
+
+def _chaos_figure(g: dict[str, Any], key: str) -> float | None:
+    if key == "lost_s":
+        return float(g["wall_s"] - g["productive_s"])
+    if key == "attempts":
+        return float(len(g["attempts"])) if isinstance(g["attempts"], list) else g["attempts"]
+    if key == "steps_vs_fault_free":
+        free = g.get("steps_fault_free") or 0
+        return g.get("last_step", 0) / free if free else None
+    if key == "step_time_s":
+        return float(g["calibration"]["step_time_s"])
+    value = g.get(key)
+    return None if value is None else float(value)
+
+
+def render_chaos_summary(summary: dict[str, Any]) -> list[str]:
+    modes = list(summary)
+    lines = [
+        "3b. Chaos runs side by side: median [min-max] over the runs of each mode",
+        f"  {'':22}" + "".join(f" {m:>26}" for m in modes),
+    ]
+    for key, label, scale, d in SUMMED:
+        cells = []
+        for m in modes:
+            f = summary[m]["figures"].get(key)
+            lo, mid, hi = (None,) * 3 if f is None else (f["min"], f["median"], f["max"])
+            cells.append(
+                "-"
+                if lo is None or mid is None or hi is None
+                else f"{mid * scale:.{d}f} [{lo * scale:.{d}f}-{hi * scale:.{d}f}]"
+            )
+        lines.append(f"  {label:22}" + "".join(f" {c:>26}" for c in cells))
+    lines.append(
+        "  runs (failed): "
+        + ", ".join(f"{m} {summary[m]['runs']} ({summary[m]['failed']})" for m in modes)
+    )
+    return lines
+
+
 def render(r: dict[str, Any]) -> str:
     m = r["machine"]
     lines = [
@@ -196,6 +265,8 @@ def render(r: dict[str, Any]) -> str:
             f"{both[0]['wall_s'] - both[0]['productive_s']:.1f} vs "
             f"{both[1]['wall_s'] - both[1]['productive_s']:.1f} s"
         )
+    if r.get("chaos_summary"):
+        lines += ["", *render_chaos_summary(r["chaos_summary"])]
     lines += ["", "targets"]
     for t in r["targets"]:
         lines.append(f"  {_verdict(t['pass'])} {t['what']}: {t['value']}")
@@ -318,6 +389,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--skip-chaos", action="store_true", help="no GPT chaos run (part 3)")
     p.add_argument(
+        "--chaos-runs",
+        type=int,
+        default=1,
+        help="chaos: runs per recovery mode, the modes interleaved, run i with seed --seed + i "
+        "(the same faults for both modes of a round); medians [min-max] across them",
+    )
+    p.add_argument(
         "--chaos-ckpt-every",
         default="auto",
         help="chaos: the GPT job's --ckpt-every: auto (default: Young/Daly from the measured "
@@ -352,8 +430,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.classes) - set(ALL_CLASSES))
     if unknown:
         p.error(f"unknown classes {unknown}; use some of {','.join(ALL_CLASSES)}")
-    if args.repeats < 1 or args.chaos_minutes <= 0 or args.fault_every_s <= 0:
-        p.error("--repeats, --chaos-minutes and --fault-every-s must be positive")
+    if min(args.repeats, args.chaos_runs) < 1 or min(args.chaos_minutes, args.fault_every_s) <= 0:
+        p.error("--repeats, --chaos-runs, --chaos-minutes and --fault-every-s must be positive")
     every = args.chaos_ckpt_every
     if every not in ("auto", "sized") and not (every.isdigit() and int(every) > 0):
         p.error(f"--chaos-ckpt-every: got {every!r}; give auto, sized or a number of steps > 0")
