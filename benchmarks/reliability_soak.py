@@ -19,6 +19,7 @@ from pathlib import Path
 from trainpod.backends.procs import read_pid
 from trainpod.cli.jobs import default_env
 from trainpod.client.http import JOBS_PAGE
+from trainpod.controller import memtrace
 from trainpod.testing.soak import MEASURES, SPEC, Sample, Sampler, Soak, gpt_argv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +49,17 @@ def main(argv: list[str] | None = None) -> int:
         help="jobs per call of each listing (0: the whole list in one call, as before)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--tracemalloc",
+        type=Path,
+        default=None,
+        help="trace the controller's Python allocations (slows it) and write its snapshots "
+        "here; the growth between the second and the last is printed and kept in --json",
+    )
     args = parser.parse_args(argv)
+    if args.tracemalloc is not None:  # the controller inherits the environment
+        os.environ[memtrace.DIR_ENV] = str(args.tracemalloc.absolute())
+        os.environ.setdefault(memtrace.EVERY_ENV, str(max(60.0, args.minutes * 6.0)))
     spec = SPEC.format(name="soak", workers=args.workers, view_cache_mib=args.view_cache_mib)
     with local_cluster("soak", spec, "trainpod-soak-") as c:
         workdir = c.tmp / "work"
@@ -76,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     print(result.report())
     print(f"faults refused (the ranks had ended since the look; tried again): {soak.missed}")
     print(f"wall {wall / 60:.1f} min; load average (1 min) at the end {os.getloadavg()[0]:.1f}")
+    traced = traced_growth(args.tracemalloc) if args.tracemalloc is not None else None
     bad = result.mismatches() + result.leaks_at_rest()
     for line in result.mismatches():
         print(f"  MISMATCH {line}", file=sys.stderr)
@@ -96,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                         "leaks_at_rest": result.leaks_at_rest(),
                         "load_1min_end": round(os.getloadavg()[0], 2),
                         "by_minute": by_minute(result.samples),
+                        "tracemalloc_growth": traced,
                     }
                 ),
                 indent=2,
@@ -103,6 +116,27 @@ def main(argv: list[str] | None = None) -> int:
             + "\n"
         )
     return 1 if bad else 0
+
+
+def traced_growth(snapshots: Path) -> dict[str, object] | None:
+    """The controller's traced growth from its second snapshot (the first may still hold
+    start-up) to its last, printed, as JSON (None: fewer than three snapshots)."""
+    snaps = sorted(snapshots.glob("snapshot-*.tracemalloc"))
+    if len(snaps) < 3:
+        print(f"tracemalloc: {len(snaps)} snapshots in {snapshots}; need 3 to compare")
+        return None
+    top = memtrace.growth(snaps[1], snaps[-1], frames=4, top=20)
+    print(f"controller's Python allocations, {snaps[1].name} -> {snaps[-1].name}:")
+    for g in top:
+        print(f"  {g.size_diff / 1024:+10.1f} KiB {g.count_diff:+8d}  {' <- '.join(g.where)}")
+    return {
+        "from": snaps[1].name,
+        "to": snaps[-1].name,
+        "top": [
+            {"where": list(g.where), "size_diff": g.size_diff, "count_diff": g.count_diff}
+            for g in top
+        ],
+    }
 
 
 def by_minute(samples: list[Sample], every_min: float = 5.0) -> list[dict[str, float]]:

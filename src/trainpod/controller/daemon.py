@@ -21,6 +21,7 @@ import uvicorn
 from trainpod.api.app import create_app
 from trainpod.api.models import ClusterInfo
 from trainpod.backends.base import backend_for
+from trainpod.controller import memtrace
 from trainpod.controller.certreload import CertReloader
 from trainpod.controller.config import ControllerConfig, NodeDecl, PreemptionConfig
 from trainpod.controller.core import Controller
@@ -297,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         on_shutdown=shut_down,
     )
     tune_gc()
+    memtrace.start_from_env(stop)  # a soak's tracemalloc snapshots; off unless asked for
     wal.start()
     loop = threading.Thread(target=run_reconciler, args=(controller, stop, health), daemon=True)
     loop.start()
