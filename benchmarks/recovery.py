@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                                 args.seed + i,
                                 args.chaos_ckpt_every,
                                 mode,
+                                run=i,
                             )
                         except (RuntimeError, TimeoutError, TrainpodError) as exc:
                             run = {"error": f"{type(exc).__name__}: {exc}", "recovery": mode}

@@ -123,13 +123,15 @@ def run_chaos(
     seed: int,
     ckpt: str = "auto",
     recovery: str = "restart",
+    run: int = 0,
 ) -> dict[str, Any]:
     """The GPT job under seeded faults for ``minutes``, then its goodput and the model.
 
     ``--steps`` is sized for CHAOS_STEP_MARGIN x ``minutes`` at the calibrated step time
     (the pace follows the machine's load, which others share), and the job is cancelled once
     ``minutes`` have passed and it is running again; if it completes earlier, so be it."""
-    cal = calibrate_gpt(client, workdir, f"-{recovery}")
+    tag = f"-{recovery}" + (f"-{run}" if run else "")  # each run its own dirs: none resumes
+    cal = calibrate_gpt(client, workdir, tag)
     step_s = cal["step_time_s"]
     steps = max(100, int(CHAOS_STEP_MARGIN * minutes * 60 / step_s))
     ckpt_every = chaos_ckpt_every(ckpt, step_s)
@@ -137,7 +139,7 @@ def run_chaos(
     job = client.submit(
         gpt_spec(
             "recovery-gpt-chaos",
-            workdir / f"gpt-chaos-{recovery}",  # its own: a second run must not resume it
+            workdir / f"gpt-chaos{tag}",  # its own: a second run must not resume it
             workdir,
             steps,
             ckpt_every,
