@@ -8,8 +8,9 @@ The cluster: partition ``main`` = group ``workers`` (2 nodes) + group ``spares``
 ``devices_per_node: 1``; plus partition ``duo`` = one node with 2 devices, only for the
 trainpod 1 node x 2 procs crash run (it has no spare and no other job ever lands on it). Fast
 health settings: heartbeat 0.5 s, heartbeat timeout 3 s, health checks every 0.5 s, hang
-timeout 3 s, node scratch quota 0.05 GiB; recovery settings are the defaults (teardown grace
-5 s, auto repair on). The worker is ``benchmarks/workers/steps.py``: ~0.05 s per step, one
+timeout 3 s, node scratch quota 0.25 GiB (the GPT chaos job holds ~0.07 GiB a node: at 0.05
+the disk check took nodes out mid-run); recovery settings are the defaults (teardown grace 5
+s, auto repair on). The worker is ``benchmarks/workers/steps.py``: ~0.05 s per step, one
 Gloo all-reduce per step, ``trainpod.report(step)``, a tiny checkpoint every 10 steps and a
 timestamped line per step in a progress file.
 

@@ -52,7 +52,7 @@ partitions:
   - name: duo
     groups: [duo]
 storage:
-  node_scratch_quota_gib: 0.05
+  node_scratch_quota_gib: 0.25
 health:
   heartbeat_interval_s: 0.5
   heartbeat_timeout_s: 3

@@ -192,7 +192,7 @@ def render(r: dict[str, Any]) -> str:
         f"  cluster: {CLUSTER} (local): main = 2 workers + 1 hot spare, 1 device each; "
         "duo = 1 node x 2 devices (only the 1x2 run)",
         "  health: heartbeat 0.5 s, timeout 3 s, checks every 0.5 s, hang_timeout 3 s, "
-        "scratch quota 0.05 GiB; teardown grace 5 s (default)",
+        "scratch quota 0.25 GiB; teardown grace 5 s (default)",
         f"  worker: benchmarks/workers/steps.py, {STEP_S} s/step, Gloo all-reduce per step, "
         "checkpoint every 10 steps",
         "",
