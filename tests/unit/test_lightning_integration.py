@@ -150,6 +150,7 @@ print("callbacks", names, "step", trainer.global_step)
 """
 
 
+@pytest.mark.timeout(300)  # two interpreters that import lightning: slow on a loaded box
 def test_a_standalone_pytorch_lightning_script_runs_and_resumes_under_the_runner(
     tmp_path: Path,
 ) -> None:
