@@ -103,6 +103,7 @@ from recoverykit.common import (
     STEPS,
     throwaway_cluster,
 )
+from recoverykit.gptcrash import gpt_target, render_gpt_crash, run_gpt_crash
 from recoverykit.inprocess import render_side_by_side, run_side_by_side
 from recoverykit.mttr import (
     CLASSES,
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     chaos_in_process: dict[str, Any] | None = None
     side: dict[str, Any] | None = None
     chaos_runs: dict[str, list[dict[str, Any]]] = {}
+    gpt_crash: dict[str, Any] | None = None
     chosen = [fc for fc in CLASSES if fc.name in args.classes]
     t = time.monotonic()
 
@@ -209,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.in_process:
                 side = run_side_by_side(client, args.repeats, workdir)
                 lap("in_process")
+            if args.gpt_crash:
+                gpt_crash = run_gpt_crash(client, args.repeats, workdir)
+                lap("gpt_crash")
             if "node_lost" in args.classes:
                 replay = check_kill_agent_replay(client)
                 lap("kill_agent_replay")
@@ -239,15 +244,18 @@ def main(argv: list[str] | None = None) -> int:
             else {}
         ),
         "in_process": side,
+        "gpt_crash": gpt_crash,
         "args": {k: str(v) for k, v in vars(args).items()},
     }
-    results["targets"] = targets(results)
+    results["targets"] = [*targets(results), gpt_target(gpt_crash)]
     results["load_end"] = _load()
     results["phase_times_s"] = phases
     results["run_time_s"] = time.monotonic() - t_start
     print(render(results))
     if side is not None:
         print("\n".join(render_side_by_side(side)))
+    if gpt_crash is not None:
+        print("\n".join(render_gpt_crash(gpt_crash)))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results: {args.json}")
@@ -255,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     unrecovered += sum(1 for k, v in compared.items() if k != "trainpod_2x1" for s in v if not s.ok)
     unrecovered += sum(1 for s in tr_samples if s.error)
     unrecovered += sum(1 for s in (side or {}).get("samples", []) if s["stepping_s"] is None)
+    unrecovered += sum(1 for k in (gpt_crash or {}).get("kills", []) if k["error"])
     chaos_failed = any(
         not g.get("ok") for g in [chaos or {"ok": True}, *chaos_runs.get("restart", [])]
     )

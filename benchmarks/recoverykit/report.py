@@ -417,6 +417,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "crash includes the torchrun comparison, node_lost the kill-agent replay check",
     )
     p.add_argument(
+        "--gpt-crash",
+        action="store_true",
+        help="part 5: the GPT example's rank 1 SIGKILLed --repeats times under torchrun "
+        "--max-restarts, trainpod full restart and trainpod in-process: crash -> first step",
+    )
+    p.add_argument(
         "--in-process",
         action="store_true",
         help="part 4: full restart vs in-process recovery of the same job and injections "

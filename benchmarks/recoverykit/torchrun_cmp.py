@@ -42,9 +42,10 @@ class TorchrunSample:
 
 
 class Torchrun:
-    """One ``torchrun --standalone`` run of steps.py in its own session."""
+    """One ``torchrun --standalone`` run of steps.py in its own session (``script``: another
+    script and its arguments instead; its progress lines go to ``ckpt``)."""
 
-    def __init__(self, ckpt: Path, log: Path) -> None:
+    def __init__(self, ckpt: Path, log: Path, script: list[str] | None = None) -> None:
         self.ckpt = ckpt
         ckpt.mkdir(parents=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "TORCH"))}
@@ -63,11 +64,7 @@ class Torchrun:
             "2",
             "--max-restarts",
             str(TORCHRUN_MAX_RESTARTS),
-            str(STEPS),
-            "--ckpt-dir",
-            str(ckpt),
-            "--step-s",
-            str(STEP_S),
+            *(script or [str(STEPS), "--ckpt-dir", str(ckpt), "--step-s", str(STEP_S)]),
         ]
         with log.open("ab") as out:
             self.proc = subprocess.Popen(

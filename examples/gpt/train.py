@@ -360,6 +360,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "trainpod), else none",
     )
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument(
+        "--progress-dir",
+        default=None,
+        help="append a line per step to DIR/progress-rank<r>.log (gen=<restart count> "
+        "rank= pid= step= t=<time.time()>): when each rank stepped, for benchmarks",
+    )
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--eval-every", type=int, default=0, help="0: evaluate only at the end")
     p.add_argument(
@@ -413,6 +419,23 @@ def build(
     ]
     fused = {"fused": True} if args.fused_adamw else {}
     return model, torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), **fused)
+
+
+def open_progress(directory: str | None, rank: int) -> Any:
+    """A function that appends ``step``'s line to this rank's progress file (None: no
+    ``--progress-dir``). ``gen`` is torchrun's restart count (trainpod: attempt - 1), so a
+    restarted generation's first line is its first step, under either launcher."""
+    if directory is None:
+        return None
+    os.makedirs(directory, exist_ok=True)
+    out = open(os.path.join(directory, f"progress-rank{rank}.log"), "a")  # noqa: SIM115
+    gen = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+    def line(step: int) -> None:
+        out.write(f"gen={gen} rank={rank} pid={os.getpid()} step={step} t={time.time():.6f}\n")
+        out.flush()
+
+    return line
 
 
 def make_checkpointer(args: argparse.Namespace, log: Any) -> trainpod.Checkpointer:
@@ -544,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tokens_per_step = args.batch_size * args.seq_len * world
     t_start = t_log = time.perf_counter()
+    progress = open_progress(args.progress_dir, rank)
 
     def train_step(step: int) -> None:
         nonlocal t_log
@@ -580,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
         # (metrics/lr, metrics/loss); loss only on logged steps: loss.item() waits for the
         # step on a GPU, so reading it every step would stall the pipeline.
         trainpod.report(step, **metrics)
+        if progress is not None:
+            progress(step)
         if logged:
             now = time.perf_counter()
             tok_s = run["since_log"] * tokens_per_step / max(now - t_log, 1e-9)
