@@ -13,12 +13,13 @@ import pytest
 
 from tests.integration.conftest import Cluster
 from trainpod.api.models import ChaosRequest
+from trainpod.ckpt.tiers import step_name
 from trainpod.testing.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
 GPT = Path(__file__).parents[2] / "examples" / "gpt" / "train.py"
-STEPS = 120
+STEPS = 200
 ARGS = ["--steps", str(STEPS), "--ckpt-every", "5", "--eval-every", "0", "--log-every", "10"]
 
 
@@ -26,7 +27,7 @@ def _committed(durable: Path) -> list[int]:
     return sorted(int(m.parent.name.split("-")[1]) for m in durable.rglob("step-*/manifest.json"))
 
 
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(480)
 def test_gpt_survives_a_killed_rank_in_process(cluster: Cluster, tmp_path: Path) -> None:
     ref = tmp_path / "reference"
     job = cluster.submit(
@@ -44,23 +45,44 @@ def test_gpt_survives_a_killed_rank_in_process(cluster: Cluster, tmp_path: Path)
     (attempt,) = cluster.client.job(job.id).attempts
     pids = {r.rank: r.pid for r in attempt.ranks}
     cluster.client.chaos(ChaosRequest(node="workers-1", fault="kill-worker", rank=1))
+    wait_until(
+        lambda: any(
+            e.kind == "in_process_recovery_done" for e in cluster.client.events(job_id=job.id)
+        ),
+        timeout_s=60,
+        what="the in-process recovery of the killed rank",
+    )
+    after = _committed(durable)[-1]
+    wait_until(
+        lambda: _committed(durable)[-1] > after, timeout_s=60, what="a save after the recovery"
+    )
+    # Its node lost now: the spare's rank joins the same attempt with rank 0's state.
+    cluster.client.chaos(ChaosRequest(node="workers-1", fault="kill-agent"))
     done = cluster.wait_job(job.id, timeout_s=200)
     assert done.state == "completed", cluster.describe(done)
     events = cluster.client.events(job_id=job.id)
     why = [(e.kind, e.data) for e in events if "recovery" in e.kind or "fault" in e.kind]
     assert len(done.attempts) == 1, f"{why}\n{cluster.client.logs(job.id, rank=1, attempt=1).data}"
-    (same,) = done.attempts  # recovered in process: no second attempt
+    (same,) = done.attempts  # recovered in process, twice: no second attempt
     assert {r.rank: r.pid for r in same.ranks}[0] == pids[0]
+    assert {r.rank: r.node for r in same.ranks} == {0: "workers-0", 1: "spares-0"}
     rank1 = cluster.client.logs(job.id, rank=1).data
     assert {r.rank: r.pid for r in same.ranks}[1] != pids[1], f"{why}\n{rank1}"
     kinds = [e.kind for e in events]
-    assert "in_process_recovery_done" in kinds and "recovery_decision" not in kinds, kinds
+    assert "recovery_decision" not in kinds, kinds
+    recovered = [e.data["generation"] for e in events if e.kind == "in_process_recovery_done"]
+    assert recovered == [1, 2], why
 
     log = cluster.client.logs(job.id, rank=0).data
     assert "generation 1: resumed at step" in log, log
+    assert "generation 2: resumed at step" in log, log
     got = json.loads((durable / "summary.json").read_text())
     assert got["final_step"] == STEPS
     assert got["final_loss"] == undisturbed["final_loss"], (got, undisturbed)
     assert got["val_loss"] == undisturbed["val_loss"]
-    assert _committed(durable)[-1] == STEPS  # saves went on after the recovery
+    assert _committed(durable)[-1] == STEPS  # saves went on after both recoveries
+    # the last checkpoint's parts were written by the nodes that ran the ranks then
+    (manifest,) = durable.rglob(f"{step_name(STEPS)}/manifest.json")
+    written_by = {f.get("node") for f in json.loads(manifest.read_text())["files"]}
+    assert written_by == {"workers-0", "spares-0"}, written_by
     cluster.wait_idle()
