@@ -65,10 +65,15 @@ What it measures, in one run:
    the same injections (kill-worker into rank 1, kill-agent into its node: the spare takes
    its place in process, ADR 0035), ``--repeats`` each: fault -> every rank stepping again.
 
+5. GPT crash -> first step (``--gpt-crash``, ``recoverykit/gptcrash.py``): the GPT example's
+   rank 1 SIGKILLed ``--repeats`` times under ``torchrun --max-restarts``, a trainpod job that
+   restarts and one that recovers in process (each also with ``--preload``); from the killed
+   rank's last step line to its successor's first.
+
 Targets (PASS/FAIL printed): crash detected < 1 s (median, injection -> fault_detected);
 hang detected within hang_timeout_s + 1 s (median, injection -> fault_detected);
 crash -> first step <= 0.5 x torchrun's (medians); GPU fault -> the spare's first step
-< 10 s (median).
+< 10 s (median); GPT crash -> first step in process <= 1 s (median).
 
 Run it from the repository root::
 
