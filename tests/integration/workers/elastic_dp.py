@@ -142,7 +142,14 @@ committed: dict[str, int | None] = {}
 if ckpts:
     ckpts[0].close(60)
     committed = dict(ckpts[0].progress().committed)
-dist.destroy_process_group()  # run() leaves its last group to its caller
+# run() leaves its last group to its caller. Every rank leaves it together (a rank that
+# tears Gloo down while a peer still talks to it can abort in the transport's destructor),
+# and the DDP wrapper, which holds the group, goes first: else the group is destroyed at
+# interpreter exit, with its threads running ("terminate called without an active
+# exception", seen once in a reference run).
+dist.barrier()
+wrapped[0] = model
+dist.destroy_process_group()
 probe_x, probe_y = batch(10**6, 0)
 with torch.no_grad():
     final = torch.nn.functional.mse_loss(model(probe_x), probe_y).item()
