@@ -4,7 +4,9 @@ real certificates from one CA, real handshakes (in memory)."""
 from __future__ import annotations
 
 import logging
+import os
 import ssl
+import threading
 from pathlib import Path
 
 import pytest
@@ -102,4 +104,42 @@ def test_files_missing_for_a_moment_change_nothing(
     reloader = CertReloader(ctx, served.cert, served.key)
     served.key.unlink()  # a renewal that removes, then writes
     assert reloader.check() is False and reloader.last_error == ""
+    assert served_certificate(ctx, ca.cert).serial_number == _serial(first)
+
+
+def test_handshakes_during_reloads_never_meet_a_half_loaded_context(
+    certs: tuple[CertFiles, CertFiles, CertFiles, CertFiles],
+) -> None:
+    """A handshake on another thread while the files are loaded again gets the old or the
+    new certificate, never none: loading into the live context dropped its key for a moment
+    (OpenSSL frees a key that does not match the new certificate) and a client saw EOF."""
+    ca, served, first, renewed = certs
+    ctx = _context(served)
+    reloader = CertReloader(ctx, served.cert, served.key)
+    serials = {_serial(first), _serial(renewed)}
+    stop = threading.Event()
+    seen: list[int] = []
+    errors: list[BaseException] = []
+
+    def handshakes() -> None:
+        while not stop.is_set():
+            try:
+                seen.append(served_certificate(ctx, ca.cert).serial_number)
+            except BaseException as exc:  # the test reports it
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=handshakes)
+    thread.start()
+    try:
+        for i in range(40):
+            _install(renewed if i % 2 == 0 else first, served)
+            os.utime(served.cert, ns=(i + 1, i + 1))  # a new stamp even for the same bytes
+            assert reloader.check() is True
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors[0]
+    assert seen and set(seen) <= serials
+    assert reloader.reloads == 40
     assert served_certificate(ctx, ca.cert).serial_number == _serial(first)

@@ -9,6 +9,13 @@ they change (their size or modification time), or on SIGHUP: connections made af
 get the new certificate, and the ones open keep theirs (TLS decides the certificate once,
 at the handshake).
 
+The live context is never loaded into: ``load_cert_chain`` sets the certificate, then the
+key, and OpenSSL drops the old key when the new certificate does not match it, so a
+handshake on the server's loop between the two had no key and the client saw the
+connection closed (a CI run caught it). A renewal is loaded into a context of its own, and
+the live context's SNI callback, which OpenSSL calls at every ClientHello (with no name
+too), hands each new connection the newest whole context.
+
 A renewal is seen in two writes (the key, then the certificate, or the other way round), so
 a pair that does not load together is not an error yet: it is tried again at each look, and
 the old certificate stays served meanwhile. Only a pair that still fails after
@@ -49,10 +56,29 @@ def stamp(path: Path) -> Stamp | None:
     return Stamp(st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-class CertReloader:
-    """Loads ``cert`` and ``key`` into ``context`` again when they change.
+ContextFactory = Callable[[Path, Path], ssl.SSLContext]
+"""Makes a server context with the given certificate and key loaded (and the server's other
+settings): what the server itself would have made from those files."""
 
-    ``context``: the server's own context (uvicorn's, made at its start), changed in place.
+
+def like(context: ssl.SSLContext) -> ContextFactory:
+    """A factory of contexts with ``context``'s protocol, options and verify mode."""
+
+    def make(cert: Path, key: Path) -> ssl.SSLContext:
+        made = ssl.SSLContext(context.protocol)
+        made.options = context.options
+        made.verify_mode = context.verify_mode
+        made.load_cert_chain(cert, key)
+        return made
+
+    return make
+
+
+class CertReloader:
+    """Serves ``cert`` and ``key`` again, from the next handshake, when they change.
+
+    ``context``: the server's own context (uvicorn's, made at its start). Its SNI callback is
+    taken: each new connection gets the newest context ``make_context`` made.
     """
 
     def __init__(
@@ -61,12 +87,17 @@ class CertReloader:
         cert: Path,
         key: Path,
         *,
+        make_context: ContextFactory | None = None,
         settle_s: float = SETTLE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.context = context
         self.cert = cert
         self.key = key
+        self._make = make_context or like(context)
+        self._current = context
+        """The context new connections get; replaced whole, never changed."""
+        context.sni_callback = self._hand_over
         self.settle_s = settle_s
         self._clock = clock
         self._served = (stamp(cert), stamp(key))
@@ -85,12 +116,11 @@ class CertReloader:
         if now == self._served or None in now:
             return False
         try:
-            trial = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            trial.load_cert_chain(self.cert, self.key)  # both files, or neither is taken
-            self.context.load_cert_chain(self.cert, self.key)
+            made = self._make(self.cert, self.key)  # both files, or neither is taken
         except (ssl.SSLError, OSError) as exc:
             self._not_yet(exc)
             return False
+        self._current = made  # one reference swap: a handshake sees the old or the new
         self._served = now
         self._failing_since = None
         self._reported = False
@@ -98,6 +128,14 @@ class CertReloader:
         self.reloads += 1
         log.info("serving the renewed certificate %s (key %s)", self.cert, self.key)
         return True
+
+    def _hand_over(
+        self, connection: ssl.SSLObject | ssl.SSLSocket, name: str | None, _: ssl.SSLContext
+    ) -> None:
+        """SNI callback, at a ClientHello: the connection takes the newest context."""
+        current = self._current
+        if current is not self.context:
+            connection.context = current
 
     def _not_yet(self, exc: Exception) -> None:
         reason = getattr(exc, "reason", None) or str(exc)

@@ -12,11 +12,13 @@ import logging
 import os
 import pwd
 import signal
+import ssl
 import threading
 import time
 from pathlib import Path
 
 import uvicorn
+import uvicorn.config
 
 from trainpod.api.app import create_app
 from trainpod.api.models import ClusterInfo
@@ -336,7 +338,22 @@ def main(argv: list[str] | None = None) -> None:
     )
     serving.load()  # makes the SSLContext now, so that a renewed certificate goes into it
     if tls is not None and serving.ssl is not None:
-        watch_certificate(CertReloader(serving.ssl, tls.cert, tls.key), stop)
+        uv = serving
+
+        def make_context(cert: Path, key: Path) -> ssl.SSLContext:
+            """What uvicorn made at its start, from the renewed files."""
+            return uvicorn.config.create_ssl_context(
+                cert,
+                key,
+                password=None,
+                ssl_version=uv.ssl_version,
+                cert_reqs=uv.ssl_cert_reqs,
+                ca_certs=uv.ssl_ca_certs,
+                ciphers=uv.ssl_ciphers,
+            )
+
+        reloader = CertReloader(serving.ssl, tls.cert, tls.key, make_context=make_context)
+        watch_certificate(reloader, stop)
     try:
         uvicorn.Server(serving).run()
     finally:
