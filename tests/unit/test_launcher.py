@@ -7,11 +7,14 @@ import os
 import signal
 import stat
 import sys
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from trainpod.agent.launcher import Launcher, RankProcess, _open_log, _write_notice
+from trainpod.agent.warmpool import WarmPool
 from trainpod.api.models import LaunchOrder, RankReport, RankSlot, RecoverOrder
 from trainpod.testing.wait import wait_until
 
@@ -261,3 +264,76 @@ def test_a_late_acknowledgement_of_an_exit_does_not_forget_a_rank_started_again(
         assert killed.signal in (signal.SIGTERM, signal.SIGKILL)
     finally:
         launcher.kill(5, grace_s=0.0)
+
+
+class GatedPool(WarmPool):
+    """A warm pool whose zygote answers only when the test opens the gate (a zygote busy
+    importing), then says "start cold"."""
+
+    def __init__(self) -> None:
+        super().__init__(None, None)
+        self.gate = threading.Event()
+        self.asked = threading.Event()
+
+    def spawn(self, order: LaunchOrder, *, env: Mapping[str, str], log_path: Path) -> str:
+        self.asked.set()
+        assert self.gate.wait(60), "the test never opened the gate"
+        return "the test's zygote: start cold"
+
+
+def _order(tmp_path: Path, attempt: int, ranks: int = 2) -> LaunchOrder:
+    return LaunchOrder(
+        attempt_id=attempt,
+        job_id=1,
+        attempt_number=attempt,
+        argv=[sys.executable, "-c", RANK.format(setup="")],
+        workdir=str(tmp_path),
+        env={},
+        ranks=[RankSlot(rank=r, local_rank=r) for r in range(ranks)],
+        log_dir=str(tmp_path / f"attempt-{attempt}"),
+    )
+
+
+def test_a_launch_that_does_not_wait_returns_before_a_slow_start_and_reports_its_ranks(
+    tmp_path: Path,
+) -> None:
+    """The agent's heartbeat threads launch so: a rank's start that waits for a busy zygote
+    must never hold a beat (a missed beat reads as a lost node)."""
+    pool = GatedPool()
+    launcher = Launcher(node_env={}, on_change=lambda: None, warm=pool)
+    try:
+        assert launcher.launch(_order(tmp_path, 1), wait=False)  # returns with the gate shut
+        assert pool.asked.wait(30)
+        (rep,) = launcher.reports()
+        assert [(r.rank, r.state, r.pid) for r in rep.ranks] == [
+            (0, "running", None),
+            (1, "running", None),
+        ]
+        assert not launcher.launch(_order(tmp_path, 1), wait=False)  # still idempotent
+        pool.gate.set()
+        wait_until(lambda: len(launcher.pids()) == 2, what="both ranks started")
+    finally:
+        pool.gate.set()
+        launcher.shutdown(1.0)
+
+
+def test_a_kill_while_the_ranks_start_stops_the_started_and_starts_no_more(
+    tmp_path: Path,
+) -> None:
+    """Killed while its first rank's start waits: that rank, started after the teardown
+    looked, is killed at once, and the second is never started."""
+    pool = GatedPool()
+    launcher = Launcher(node_env={}, on_change=lambda: None, warm=pool)
+    try:
+        assert launcher.launch(_order(tmp_path, 1), wait=False)
+        assert pool.asked.wait(30)
+        assert launcher.kill(1, grace_s=30)  # the teardown finds no process yet
+        pool.gate.set()
+        ranks = _ended(launcher, 1)
+        assert [(r.rank, r.signal) for r in ranks] == [(0, signal.SIGKILL), (1, signal.SIGKILL)]
+        assert ranks[0].pid is not None  # started, then killed
+        assert ranks[1].pid is None  # never started
+        assert launcher.pids() == []
+    finally:
+        pool.gate.set()
+        launcher.shutdown(1.0)

@@ -199,7 +199,7 @@ class Agent:
                 if self._stores.hosts(recover.attempt_id):  # the new generation's store
                     addr, port = recover.master_addr, recover.master_port
                     self._stores.open_soon(recover.attempt_id, addr, port)
-                if self.launcher.recover(recover):
+                if self.launcher.recover(recover, wait=False):
                     log.info(
                         "order: recover attempt %d in process, generation %d",
                         recover.attempt_id,
@@ -220,7 +220,7 @@ class Agent:
             self._checkpoints.expect(launch.job_id, memory)
         if self._tensorboard is not None:  # before its ranks can send a beacon
             self._tensorboard.watch(launch)
-        if self.launcher.launch(launch):
+        if self.launcher.launch(launch, wait=False):
             log.info(
                 "order: launched attempt %d of job %d, ranks %s",
                 launch.attempt_id,

@@ -190,6 +190,9 @@ class AttemptRun:
     ranks: list[RankProcess] = field(default_factory=list)
     killing: bool = False
     generation: int = 0  # the newest in-process recovery applied to it (ADR 0026)
+    starting: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Held while ranks of the run are being started (its launch, a recovery's restarts):
+    one after another, in the order they were asked for."""
     kept_until: float | None = None
     """An in-process job's run whose every rank here failed is kept this long after its
     exits were delivered, for the recover order that starts them again (ADR 0035)."""
@@ -238,10 +241,16 @@ class Launcher:
         self._runs: dict[int, AttemptRun] = {}
         self._seen: set[int] = set()  # every attempt ever launched here; never launch twice
         self._forgotten: dict[int, float] = {}  # attempt -> when forgotten (monotonic)
+        self._closing = False  # shutting down: a launch's thread starts no more ranks
 
     # -- launching ----------------------------------------------------------------------
-    def launch(self, order: LaunchOrder) -> bool:
-        """Start the node's ranks of an attempt. Idempotent: returns False if seen before."""
+    def launch(self, order: LaunchOrder, *, wait: bool = True) -> bool:
+        """Start the node's ranks of an attempt. Idempotent: returns False if seen before.
+
+        ``wait=False``: the attempt is in the launcher (its ranks reported, a kill order
+        obeyed) when this returns, and its ranks are started by a thread of their own. The
+        agent's heartbeat threads launch so: a start that waits for a busy zygote, or an
+        account's home, never holds a heartbeat (a missed beat reads as a lost node)."""
         log_dir = Path(order.log_dir)
         # Every rank is in the attempt before the first one starts: a report sent while a
         # later rank is still being spawned lists it (running, no pid yet), so an attempt
@@ -264,19 +273,39 @@ class Launcher:
             joins = order.env.get(elastic_protocol.ENV_GENERATION, "0")
             run = AttemptRun(order, ranks, generation=int(joins) if joins.isdigit() else 0)
             self._runs[order.attempt_id] = run
-        log_dir.mkdir(parents=True, exist_ok=True)
-        if filled.said:  # the first line of each rank's log says what was filled in
-            for rp in ranks:
-                with _open_log(rp.log_path, private=order.account is not None) as out:
-                    out.write(f"trainpod: {filled.said}\n".encode())
-        for rp in ranks:
-            with self._lock:
-                if run.killing:  # stopped while its first ranks started: never start the rest
-                    rp.signal, rp.ended_at = signal.SIGKILL, time.time()
-                    continue
-            self._spawn(order, rp)
-        self._on_change()
+        if wait:
+            self._start(run, filled.said)
+        else:
+            name = f"start-attempt-{order.attempt_id}"
+            threading.Thread(target=self._start, args=(run, filled.said), name=name).start()
         return True
+
+    def _start(self, run: AttemptRun, said: str) -> None:
+        order = run.order
+        Path(order.log_dir).mkdir(parents=True, exist_ok=True)
+        if said:  # the first line of each rank's log says what was filled in
+            for rp in run.ranks:
+                with _open_log(rp.log_path, private=order.account is not None) as out:
+                    out.write(f"trainpod: {said}\n".encode())
+        with run.starting:
+            for rp in run.ranks:
+                self._spawn_unless_stopped(run, rp)
+        self._on_change()
+
+    def _spawn_unless_stopped(self, run: AttemptRun, rp: RankProcess) -> None:
+        """Start ``rp`` unless its run is being stopped; one that started as it was (the
+        teardown looked before it had a process) is killed."""
+        with self._lock:
+            if run.killing or self._closing:
+                rp.signal, rp.ended_at = signal.SIGKILL, time.time()
+                self._exited.notify_all()
+                return
+        self._spawn(run.order, rp)
+        with self._lock:
+            late = (run.killing or self._closing) and rp.running and rp.proc is not None
+        if late:
+            log.info("rank %d started as its attempt was stopped: killed", rp.rank)
+            _signal_group(rp, signal.SIGKILL)
 
     def _spawn(self, order: LaunchOrder, rp: RankProcess) -> None:
         job_env = {**order.env, **self._node_env, **rp.again}
@@ -383,12 +412,14 @@ class Launcher:
         self._on_change()
 
     # -- in-process recovery ------------------------------------------------------------
-    def recover(self, order: RecoverOrder) -> bool:
+    def recover(self, order: RecoverOrder, *, wait: bool = True) -> bool:
         """Publish a new generation to the attempt's ranks here and start this node's
         replaced ranks again in it. Idempotent: False for a generation seen before, an
         attempt not here or being stopped.
 
-        A rank to start again that still runs (hung, not dead) is killed first."""
+        A rank to start again that still runs (hung, not dead) is killed first.
+        ``wait=False``: that, and the new starts, happen in a thread of their own (as for
+        :meth:`launch`: the agent's heartbeat never waits for them)."""
         with self._lock:
             run = self._runs.get(order.attempt_id)
             if run is None or run.killing or order.generation <= run.generation:
@@ -396,6 +427,17 @@ class Launcher:
             run.generation = order.generation
             run.kept_until = None
             respawn = [r for r in run.ranks if r.rank in order.respawn]
+            # Published now, in the order of the generations (a later one's thread must
+            # never be overtaken by an earlier one's file).
+            self._publish(run, order)
+        if wait:
+            self._respawn(run, order, respawn)
+        else:
+            name = f"recover-attempt-{order.attempt_id}-{order.generation}"
+            threading.Thread(target=self._respawn, args=(run, order, respawn), name=name).start()
+        return True
+
+    def _publish(self, run: AttemptRun, order: RecoverOrder) -> None:
         scratch = self._job_scratch(run.order)
         message = Recover(
             generation=order.generation,
@@ -407,16 +449,19 @@ class Launcher:
             deadline_s=order.deadline_s,
         )
         elastic_protocol.write_recover(elastic_protocol.recover_file(scratch), message)
+
+    def _respawn(self, run: AttemptRun, order: RecoverOrder, respawn: list[RankProcess]) -> None:
         again = {
             "MASTER_ADDR": order.master_addr,
             "MASTER_PORT": str(order.master_port),
             elastic_protocol.ENV_GENERATION: str(order.generation),
         }
-        for rp in respawn:
-            if self._ended(rp, timeout_s=order.deadline_s, again=again):
-                self._spawn(run.order, rp)
-            else:
-                log.warning("rank %d would not end: not started again", rp.rank)
+        with run.starting:
+            for rp in respawn:
+                if self._ended(rp, timeout_s=order.deadline_s, again=again):
+                    self._spawn_unless_stopped(run, rp)
+                else:
+                    log.warning("rank %d would not end: not started again", rp.rank)
         log.info(
             "attempt %d: generation %d on port %d, ranks started again here: %s",
             order.attempt_id,
@@ -425,7 +470,6 @@ class Launcher:
             [r.rank for r in respawn],
         )
         self._on_change()
-        return True
 
     def _ended(self, rp: RankProcess, *, timeout_s: float, again: dict[str, str]) -> bool:
         """Make ``rp`` (killed first if it still runs) ready to start anew with ``again``."""
@@ -552,6 +596,7 @@ class Launcher:
     def shutdown(self, grace_s: float) -> None:
         """Stop every attempt and wait for the ranks to end (agent exit)."""
         with self._lock:
+            self._closing = True
             runs = list(self._runs.values())
         threads = []
         for run in runs:
