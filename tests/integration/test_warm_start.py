@@ -186,6 +186,15 @@ def test_a_local_cluster_restarts_a_crashed_job_warm(cluster: Cluster) -> None:
     text = "\n".join(p.read_text() for p in logs)
     assert text.count(": warm start, pid") == 8, text  # 4 ranks, 2 attempts
     assert ": cold start" not in text
+    # Once ready, each agent's zygote also imports what every training rank imports after
+    # torch (an optimizer: dynamo; a Checkpointer: DCP), while it has nothing to serve.
+    zygotes = [cluster.paths.node_dir(n) / "zygote.log" for n in nodes]
+    warmed = "warmed torch._dynamo,torch.distributed.checkpoint"
+    wait_until(
+        lambda: all(warmed in p.read_text() for p in zygotes),
+        timeout_s=120,
+        what="both zygotes to import dynamo and DCP",
+    )
     cluster.wait_idle()
 
 

@@ -95,11 +95,20 @@ def test_load_time_variables_must_match_the_zygotes(tmp_path: Path, script: Path
 
 
 def starter(
-    short: Path, env: Mapping[str, str], preload: list[str], restart_delay_s: float = 1.0
+    short: Path,
+    env: Mapping[str, str],
+    preload: list[str],
+    restart_delay_s: float = 1.0,
+    later: tuple[str, ...] = (),
 ) -> WarmStarter:
     sock, log = short / "z.sock", short / "z.log"
     w = WarmStarter(
-        socket_path=sock, log_path=log, env=env, preload=preload, restart_delay_s=restart_delay_s
+        socket_path=sock,
+        log_path=log,
+        env=env,
+        preload=preload,
+        restart_delay_s=restart_delay_s,
+        later=later,
     )
     w.start()
     return w
@@ -449,6 +458,71 @@ def test_the_zygote_refuses_to_fork_with_a_thread_running(tmp_path: Path, short:
             "the warm-start server refused: 2 threads run in the warm interpreter; fork is unsafe"
         )
     finally:
+        w.close()
+
+
+def test_modules_imported_later_are_in_the_ranks_forked_after_them(
+    tmp_path: Path, short: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent's zygote is ready with torch; dynamo and DCP come after, while it is idle
+    (AGENT_WARM_LATER): a rank forked then has them without importing them itself."""
+    (short / "warm_one.py").write_text("import time\ntime.sleep(0.3)\n")
+    (short / "warm_two.py").write_text("import time\ntime.sleep(0.3)\n")
+    env = {**agents_zygote_env(), "PYTHONPATH": str(short)}
+    w = starter(short, env, [], later=("warm_one", "warm_two"))
+    run = Run(w, tmp_path, caplog)
+    try:
+        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+        wait_until(
+            lambda: "warmed warm_one,warm_two" in (short / "z.log").read_text(),
+            timeout_s=30,
+            what="the later imports",
+        )
+        script = "import sys; print(sorted(m for m in sys.modules if m.startswith('warm_')))\n"
+        a = run.launch(["python", write(tmp_path / "mods.py", script)])
+        assert run.how(a) == "warm start"
+        assert run.ended(a)[0].exit_code == 0, run.log(a)
+        assert run.log(a) == "['warm_one', 'warm_two']\n"
+    finally:
+        run.launcher.kill_everything()
+        run.launcher.shutdown(1)
+        w.close()
+
+
+def test_a_rank_started_during_a_later_import_waits_for_it_warm(
+    tmp_path: Path, short: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An import after ready may take longer than the zygote's usual reply time (dynamo took
+    10 s on a loaded box): a rank asked for meanwhile waits and starts warm, the zygote is
+    not taken for hung and killed."""
+    started = short / "importing"
+    (short / "warm_slow.py").write_text(
+        f"import time\nopen({str(started)!r}, 'w').close()\ntime.sleep(2.0)\n"
+    )
+    env = {**agents_zygote_env(), "PYTHONPATH": str(short)}
+    w = WarmStarter(
+        socket_path=short / "z.sock",
+        log_path=short / "z.log",
+        env=env,
+        preload=[],
+        later=["warm_slow"],
+        reply_timeout_s=0.5,
+    )
+    w.start()
+    run = Run(w, tmp_path, caplog)
+    try:
+        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+        wait_until(started.exists, timeout_s=30, what="the later import to begin")
+        pid = w.pid
+        script = "import sys; print('warm_slow' in sys.modules)\n"
+        a = run.launch(["python", write(tmp_path / "mods.py", script)])
+        assert run.how(a) == "warm start"
+        assert run.ended(a)[0].exit_code == 0, run.log(a)
+        assert run.log(a) == "True\n"  # forked once the import was done
+        assert w.pid == pid  # not killed as hung
+    finally:
+        run.launcher.kill_everything()
+        run.launcher.shutdown(1)
         w.close()
 
 

@@ -29,7 +29,7 @@ from trainpod.agent.slurmnotice import ENV as SLURM_NOTICE_ENV
 from trainpod.agent.slurmnotice import SlurmNoticeWatch, ask_slurm
 from trainpod.agent.tensorboard import TensorBoardTap
 from trainpod.agent.warmpool import WarmPool, job_zygotes
-from trainpod.agent.warmstart import WarmStarter, zygote_env
+from trainpod.agent.warmstart import AGENT_WARM_LATER, WarmStarter, zygote_env
 from trainpod.client.http import TrainpodClient
 from trainpod.errors import NotFound
 from trainpod.notice import ENV_SIGNAL, parse_signal
@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
             socket_path=paths.runtime_dir / f"{args.node}.zygote.sock",
             log_path=node_dir / "zygote.log",
             env={**zygote_env(os.environ, inherited), **node_env},
+            later=AGENT_WARM_LATER,
         )
         agents.start()
         warm = WarmPool(agents, job_zygotes(agents, paths.runtime_dir, node_dir, args.node))

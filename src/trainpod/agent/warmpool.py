@@ -140,6 +140,7 @@ def job_zygotes(agents: WarmStarter, runtime_dir: Path, log_dir: Path, node: str
             log_path=log_dir / f"zygote-{name}.log",
             env={**agents.env, **env, **({"PYTHONPATH": path} if path else {})},
             preload=modules,
+            later=agents.later,
             cwd=Path(cwd),
         )
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from trainpod.agent.zygote import READY, Plan
+from trainpod.agent.zygote import READY, WARMED, WARMING, Plan
 from trainpod.spec.workerenv import DEFAULT_ENV_ALLOW, allowed
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,14 @@ log = logging.getLogger(__name__)
 # their first call, never at import, so the server's values do not leak into a rank): a rank
 # that reports progress or watches for the preemption notice no longer imports it per start.
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "trainpod")
+# Imported once the zygote is ready, while it has no request to serve (so they never delay a
+# rank): every torch optimizer's constructor imports dynamo (and with it sympy), trainpod's
+# Checkpointer imports DCP; seconds of every training rank's start otherwise, restarts and
+# in-process replacements included. A rank forked before they are in pays as it would cold.
+AGENT_WARM_LATER = ("torch._dynamo", "torch.distributed.checkpoint")
+WARMING_REPLY_TIMEOUT_S = 120.0
+"""How long a rank's start waits for the zygote while it imports its later modules (a cold
+start would import them too, after torch): a loaded 2-core box took 10 s for dynamo."""
 # Read by the interpreter or by the preloaded libraries when they load: a rank that needs
 # other values than the zygote's must start cold. PYTHONPATH and PYTHONUNBUFFERED are applied
 # in the child; PYTHONBREAKPOINT is read at each breakpoint(), PYTHONSTARTUP only by a shell.
@@ -208,6 +216,7 @@ class WarmStarter:
         log_path: Path,
         env: Mapping[str, str],
         preload: Sequence[str] = DEFAULT_PRELOAD,
+        later: Sequence[str] = (),
         executable: str = sys.executable,
         reply_timeout_s: float = 10.0,
         restart_delay_s: float = 1.0,
@@ -216,7 +225,8 @@ class WarmStarter:
         """``restart_delay_s``: the wait before restarting a zygote that died young (doubling
         up to a minute while it keeps dying; none after one that lived for a minute).
         ``cwd``: where the zygote runs, and so where its ``preload`` modules are looked for
-        first (None: the socket's dir)."""
+        first (None: the socket's dir). ``later``: modules it imports after it is ready,
+        while idle (the agent's: :data:`AGENT_WARM_LATER`)."""
         if len(str(socket_path)) > 100:
             raise ValueError(f"socket path {socket_path} is too long for a Unix socket")
         self.socket_path = socket_path
@@ -225,15 +235,22 @@ class WarmStarter:
         # (controller/launch.py); the zygote must load its libraries with the same value.
         self.env = {"OMP_NUM_THREADS": "1", **env}
         self._preload = list(preload)
+        self._later = list(later)
         self._cwd = cwd if cwd is not None else socket_path.parent
         self._executable = executable
         self._timeout = reply_timeout_s
         self._restart_delay = restart_delay_s
         self._ready = threading.Event()
+        self._warming = threading.Event()  # importing its later modules: replies may wait
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def later(self) -> list[str]:
+        """The modules it imports once ready, while idle."""
+        return list(self._later)
 
     @property
     def ready(self) -> bool:
@@ -279,7 +296,8 @@ class WarmStarter:
         if not self._ready.is_set():
             return "the warm-start server is not ready"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self._timeout)
+        warming = self._warming.is_set()
+        sock.settimeout(max(self._timeout, WARMING_REPLY_TIMEOUT_S) if warming else self._timeout)
         try:
             sock.connect(str(self.socket_path))
             sock.sendall(p.to_json())
@@ -321,10 +339,17 @@ class WarmStarter:
                     self._ready.set()
                     took = time.monotonic() - started
                     log.info("warm-start server (pid %d) ready in %.1fs", proc.pid, took)
+                elif line.strip() == WARMING:
+                    self._warming.set()
+                elif line.strip() == WARMED:
+                    self._warming.clear()
+                    took = time.monotonic() - started
+                    log.info("warm-start server (pid %d) warmed in %.1fs", proc.pid, took)
                 else:
                     log.info("warm-start server: %s", line.decode(errors="replace").rstrip())
             code = proc.wait()
             self._ready.clear()
+            self._warming.clear()
             if self._closing.is_set():
                 return
             lived = time.monotonic() - started
@@ -342,6 +367,8 @@ class WarmStarter:
         """A new zygote, or None when closing."""
         argv = [self._executable, "-m", "trainpod.agent.zygote", "--socket", str(self.socket_path)]
         argv += ["--preload", ",".join(self._preload)]
+        if self._later:
+            argv += ["--later", ",".join(self._later)]
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
             if self._closing.is_set():

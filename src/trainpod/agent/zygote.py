@@ -1,11 +1,14 @@
 """The warm-start server (a zygote): ``python -m trainpod.agent.zygote --socket PATH``.
 
 One per agent. It imports the ``--preload`` modules once (torch: ~2 s), then serves requests
-on a Unix stream socket, one connection per rank. A request is a :class:`Plan` (one JSON
-line); the zygote forks, the child becomes the rank (its own session, stdio on the rank's
-log, the order's cwd, environment and argv) and runs the script as ``python`` would. The
-reply is ``{"pid": N}`` (or ``{"error": why}``: the agent then starts the rank cold), and
-when the child ends, ``{"exit_code": C}`` or ``{"signal": S}`` on the same connection.
+on a Unix stream socket, one connection per rank; once ready, it imports the ``--later``
+modules one by one while no request waits (a request that comes meanwhile waits for the
+import under way, which its rank would otherwise have run itself). A request is a
+:class:`Plan` (one JSON line); the zygote forks, the child becomes the rank (its own
+session, stdio on the rank's log, the order's cwd, environment and argv) and runs the script
+as ``python`` would. The reply is ``{"pid": N}`` (or ``{"error": why}``: the agent then
+starts the rank cold), and when the child ends, ``{"exit_code": C}`` or ``{"signal": S}`` on
+the same connection.
 
 Contract of the child, so that a warm rank is indistinguishable from a cold one:
 
@@ -53,12 +56,16 @@ import threading
 import traceback
 import types
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 REQUEST_TIMEOUT_S = 5.0
 READY = b"ready"
+WARMING = b"warming"
+"""Said before READY when ``--later`` modules follow: until WARMED a request may wait for
+an import under way (seconds), so the agent waits longer for its reply."""
+WARMED = b"warmed"
 
 
 @dataclass(frozen=True)
@@ -103,15 +110,25 @@ class Zygote:
         os.set_blocking(self.wake_w, False)
         self.sel = selectors.DefaultSelector()
 
-    def serve(self) -> None:
-        """Serve until the agent closes our stdin (or dies). Never returns in a child."""
+    def serve(self, later: Sequence[str] = ()) -> None:
+        """Serve until the agent closes our stdin (or dies). Never returns in a child.
+        ``later``: modules to import while idle, in order."""
+        pending = list(later)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda _s, _f: None)  # the wakeup fd does the work
         self.sel.register(self.listener, selectors.EVENT_READ, "accept")
         self.sel.register(0, selectors.EVENT_READ, "agent")
         self.sel.register(self.wake_r, selectors.EVENT_READ, "child")
         while True:
-            for key, _ in self.sel.select():
+            events = self.sel.select(0 if pending else None)
+            if not events and pending:
+                _preload(pending.pop(0))
+                if not pending:
+                    gc.freeze()  # their pages too stay shared with the children
+                    print(f"zygote {os.getpid()}: warmed {','.join(later)}", file=sys.stderr)
+                    print(WARMED.decode(), flush=True)
+                continue
+            for key, _ in events:
                 if key.data == "accept":
                     conn, _addr = self.listener.accept()
                     self._request(conn)
@@ -334,6 +351,13 @@ def _run(p: Plan) -> int:
     return 0
 
 
+def _preload(name: str) -> None:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # a rank that needs it will fail the same way, cold
+        print(f"zygote: cannot preload {name}: {exc!r}", file=sys.stderr, flush=True)
+
+
 def _safe_path() -> bool:
     return bool(getattr(sys.flags, "safe_path", False))  # -P / PYTHONSAFEPATH, Python 3.11+
 
@@ -384,6 +408,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m trainpod.agent.zygote")
     parser.add_argument("--socket", required=True, help="the Unix socket to serve on")
     parser.add_argument("--preload", default="", help="comma-separated modules to import")
+    parser.add_argument(
+        "--later", default="", help="comma-separated modules to import once ready, while idle"
+    )
     args = parser.parse_args(argv)
     # sys.path as a rank's interpreter would build it, less its first entry (the script's
     # dir, or the cwd for -m) and our own PYTHONPATH (the rank's is applied in the child).
@@ -394,14 +421,14 @@ def main(argv: list[str] | None = None) -> None:
             base.remove(d)
     zygote = Zygote(args.socket, base)
     for name in filter(None, args.preload.split(",")):
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # a rank that needs it will fail the same way, cold
-            print(f"zygote: cannot preload {name}: {exc!r}", file=sys.stderr, flush=True)
+        _preload(name)
     gc.freeze()  # keep the preloaded objects' pages shared with the children
     print(f"zygote {os.getpid()}: preloaded {args.preload or 'nothing'}", file=sys.stderr)
+    later = [m for m in args.later.split(",") if m]
+    if later:
+        print(WARMING.decode(), flush=True)  # first: the agent knows before it sends anything
     print(READY.decode(), flush=True)
-    zygote.serve()
+    zygote.serve(later=later)
     with contextlib.suppress(OSError):
         os.unlink(args.socket)
 
