@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainpod.api.models import JobInfo
+from trainpod.api.models import AttemptInfo, JobInfo
 from trainpod.backends.local import LocalBackend
 from trainpod.cli.jobs import default_env
 from trainpod.client.http import TrainpodClient
@@ -78,9 +78,28 @@ class Cluster:
         if job is not None:
             attempts = [(a.number, a.state.value, a.nodes, a.cause) for a in job.attempts]
             lines.append(f"job {job.id}: {job.state.value} ({job.reason}); attempts {attempts}")
+            if job.attempts:
+                lines += self._ranks_of(job.id, job.attempts[-1])
         for n in self.client.nodes():
             lines.append(f"node {n.name}: {n.state.value} ({n.reason}) job={n.job_id}")
         return "\n".join(lines)
+
+    def _ranks_of(self, job_id: int, attempt: AttemptInfo, tail: int = 12) -> list[str]:
+        """Each rank of ``attempt``: its state, where a live one waits (``/proc``), and the
+        end of its log; what a hang needs to be told apart (in the step, or at exit)."""
+        out = []
+        for r in attempt.ranks:
+            ended = f"code={r.exit_code} signal={r.signal}"
+            head = f"  rank {r.rank} pid {r.pid}: {r.state.value} {ended}"
+            if r.pid is not None and r.state.value == "running":
+                head += f"; {_proc_state(r.pid)}"
+            out.append(head)
+            try:
+                text = self.client.logs(job_id, rank=r.rank, attempt=attempt.number).data
+            except Exception as exc:  # a message for a failing test: never fail it here
+                text = f"(log not read: {exc})"
+            out += [f"    | {line}" for line in text.splitlines()[-tail:]]
+        return out
 
     def log_tails(self, lines: int = 40) -> str:
         """The last lines of each of the cluster's process logs (controller, agents)."""
@@ -230,3 +249,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("timeout") is None and "integration" in item.path.parts:
             item.add_marker(pytest.mark.timeout(150))
+
+
+def _proc_state(pid: int) -> str:
+    """A live process's state as the kernel sees it: state, wait channel, threads."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip() or "-"
+    except OSError as exc:
+        return f"/proc unreadable ({exc.strerror})"
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    state, threads = fields.get("State", "?").strip(), fields.get("Threads", "?").strip()
+    return f"{state}, waiting in {wchan}, {threads} threads"

@@ -188,6 +188,43 @@ def test_killed_rank_recovers_in_process(
         assert got[r]["params"] == undisturbed[r]["params"]
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("every", ["5", "auto"])
+def test_copies_every_k_steps_roll_back_to_the_newest_one_every_rank_holds(
+    ranks_factory: Any, undisturbed: dict[int, dict[str, Any]], every: str
+) -> None:
+    """The state copied every 5 steps, or every k steps that the ranks agree on after 20
+    ("auto", with no fault in an hour assumed: a cheap copy is many steps apart): a rank
+    killed after step 24 rolls every rank back to the newest copy, no more than k steps,
+    and the model is still the undisturbed run's."""
+    extra = ("--mark-at", "24", "--step-sleep", "0.05", "--snapshot-every", every)
+    ranks = ranks_factory(f"every-{every}", extra=(*extra, "--mtbf-s", "3600"))
+    ranks.start_all()
+    wait_until(lambda: ranks.marked(24), timeout_s=60, what="every rank past step 24")
+    ranks.kill(3)
+    ranks.recover(1, replaced=(3,))
+    assert _finish(ranks) == dict.fromkeys(range(WORLD), 0), _logs(ranks)
+    got = ranks.results()
+    for r in range(3):
+        [rec] = got[r]["recoveries"]
+        k = rec["snapshot_every"]  # in force when the fault came
+        assert k == 5 if every == "5" else k > 1, rec
+        rolled = rec["failed_step"] - rec["resumed_step"]
+        assert 0 <= rolled <= k, rec
+        if every == "5":
+            assert rec["resumed_step"] % 5 == 0, rec  # copies at 0, 5, 10, ...
+        else:
+            assert rec["resumed_step"] >= 20, rec  # the agreement at step 20 copied there
+        ran = got[r]["ran"]
+        assert sorted(set(ran)) == list(range(STEPS))
+        assert len(ran) - len(set(ran)) == rolled  # exactly the steps since the copy
+    assert len({got[r]["recoveries"][0]["snapshot_every"] for r in range(3)}) == 1  # agreed
+    assert len({got[r]["snapshot_every"] for r in range(WORLD)}) == 1  # and after it
+    for r in range(WORLD):
+        assert got[r]["final_loss"] == undisturbed[r]["final_loss"]
+        assert got[r]["params"] == undisturbed[r]["params"]
+
+
 @pytest.mark.timeout(300)
 def test_a_checkpointer_carries_on_through_an_in_process_recovery(
     ranks_factory: Any, undisturbed: dict[int, dict[str, Any]], tmp_path: Path

@@ -5,6 +5,7 @@ The fault cases across real ranks are in tests/integration/test_elastic_ranks.py
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,3 +142,66 @@ def test_a_snapshot_is_a_copy_and_reuses_the_evicted_ones_buffers() -> None:
     momentum = second["optim"]["state"][0]["momentum_buffer"]
     assert torch.equal(momentum, opt.state[model.weight]["momentum_buffer"])
     assert second["optim"]["param_groups"] == opt.state_dict()["param_groups"]
+
+
+def _copies_seen(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The steps at which the loop copies the state, in order (the copies still happen)."""
+    from trainpod.elastic import loop
+
+    copied: list[int] = []
+    real = loop._Loop._snapshot
+
+    def spy(self: loop._Loop, step: int) -> None:
+        copied.append(step)
+        real(self, step)
+
+    monkeypatch.setattr(loop._Loop, "_snapshot", spy)
+    return copied
+
+
+def test_copies_are_taken_every_k_steps_counted_from_the_groups_first_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``snapshot_every=3`` from step 2: copies at 2, 5, 8; a recover message at step
+    9 copies the state there too, and nothing is redone."""
+    copied = _copies_seen(monkeypatch)
+    e = env(tmp_path)
+    ran: list[int] = []
+
+    def step(n: int) -> None:
+        ran.append(n)
+        if n == 8:
+            write_recover(
+                Path(e["TRAINPOD_RECOVER_FILE"]), Recover(1, 1, "127.0.0.1", free_port(), 1)
+            )
+
+    result = run(step, {"c": Counter()}, steps=12, start_step=2, env=e, snapshot_every=3)
+    assert ran == list(range(2, 12))
+    assert copied == [2, 5, 8, 9, 9]  # 9: kept at the message, and the new group's first
+    assert result.snapshot_every == 3
+
+
+def test_auto_copies_every_step_until_the_ranks_agree_on_the_costs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "auto": every step for the first 20 steps of a group, then the Young/Daly interval
+    from what was measured (a cheap copy and no fault in an hour: many steps apart)."""
+    copied = _copies_seen(monkeypatch)
+
+    def step(n: int) -> None:
+        time.sleep(0.001)  # a step costs more than a copy of one small tensor
+
+    result = run(step, {"c": Counter()}, steps=60, env=env(tmp_path), mtbf_s=3600.0)
+    assert copied[:21] == list(range(21))  # 20 steps, then the agreement at step 20
+    assert result.snapshot_every > 1
+    every = result.snapshot_every
+    assert copied[21:] == list(range(20 + every, 60, every))
+
+
+def test_a_bad_interval_or_mtbf_says_what_to_pass(tmp_path: Path) -> None:
+    for bad in (0, -1, 2.5, True, "often"):
+        with pytest.raises(ValueError, match="snapshot_every must be a whole number"):
+            run(lambda n: None, {}, steps=1, env=env(tmp_path), snapshot_every=bad)  # type: ignore[arg-type]
+    for bad_mtbf in (0.0, -5.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="mtbf_s must be a positive number"):
+            run(lambda n: None, {}, steps=1, env=env(tmp_path), mtbf_s=bad_mtbf)

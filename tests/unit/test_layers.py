@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
         "trainpod.api.devices",
         "trainpod.resume",
         "trainpod.bounded",
+        "trainpod.mtbf",
     },
     {"trainpod.paths"},
     {"trainpod.spec"},

@@ -10,7 +10,6 @@ durable location is needed (``Checkpointer(dir=...)``); the node is the host nam
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import socket
 import stat
@@ -20,14 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainpod.ckpt.errors import CheckpointConfigError
+from trainpod.mtbf import DEFAULT_MTBF_S as DEFAULT_MTBF_S
+from trainpod.mtbf import mtbf_is_prior as mtbf_is_prior
+from trainpod.mtbf import mtbf_s as mtbf_s
+from trainpod.mtbf import young_daly_s as young_daly_s
 
 SHM_ROOT = Path("/dev/shm")
 SCRATCH_TIER = "ckpt"
 """The scratch tier's dir inside a job's scratch dir on a node."""
 PEER_TIER = "ckpt-peer"
 """Where a node holds its peers' copies, inside its own scratch dir of the job."""
-DEFAULT_MTBF_S = 4 * 3600.0
-"""Mean time between failures assumed by ``interval="auto"`` when nothing else is known."""
 
 
 @dataclass(frozen=True)
@@ -181,37 +182,3 @@ def private_dir(path: Path) -> Path:
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(path, 0o700)
     return path
-
-
-def mtbf_s(explicit: float | None, env: Mapping[str, str] | None = None) -> float:
-    """The MTBF for ``interval="auto"``: the argument, else ``TRAINPOD_MTBF_S``, else 4 h."""
-    if explicit is not None:
-        return float(explicit)
-    raw = (os.environ if env is None else env).get("TRAINPOD_MTBF_S", "")
-    try:
-        value = float(raw)
-    except ValueError:
-        return DEFAULT_MTBF_S
-    return value if value > 0 else DEFAULT_MTBF_S
-
-
-def mtbf_is_prior(env: Mapping[str, str] | None = None) -> bool:
-    """Whether :func:`mtbf_s` without an argument gives the 4 h prior (no usable
-    ``TRAINPOD_MTBF_S``: the controller gives one once the cluster has seen a fault)."""
-    raw = (os.environ if env is None else env).get("TRAINPOD_MTBF_S", "")
-    try:
-        return not float(raw) > 0
-    except ValueError:
-        return True
-
-
-def young_daly_s(stall_s: float, mtbf: float) -> float:
-    """Optimal seconds between checkpoints (Young 1974, Daly 2006).
-
-    sqrt(2 * stall * mtbf) - stall while stall < 2 * mtbf, else mtbf.
-    """
-    if stall_s <= 0:
-        return mtbf
-    if stall_s >= 2 * mtbf:
-        return mtbf
-    return max(stall_s, math.sqrt(2 * stall_s * mtbf) - stall_s)

@@ -1,11 +1,15 @@
 """``trainpod.elastic.run``: a training loop whose healthy ranks survive a peer's fault.
 
 See ADR 0026. Per step: look at the recover file (one ``stat``), keep a copy of the state
-(the last two), run the user's step. When a collective fails (a peer died, or Gloo's
-timeout ran out) or a newer recover message appears, the rank destroys the process group,
-waits for the message, joins the new group on the new store, agrees with the others on the
-newest step every rank holds, takes that state from the lowest rank holding it (broadcast
-over the new group: data parallel, one copy fits all) and runs on from there.
+(the last two) when one is due, run the user's step. A copy is due every k steps, k from the
+measured cost of a copy and the faults seen (Young/Daly, ``trainpod.elastic.interval``),
+agreed by every rank so that they all hold the same steps.
+
+When a collective fails (a peer died, or Gloo's timeout ran out) or a newer recover message
+appears, the rank destroys the process group, waits for the message, joins the new group on
+the new store, agrees with the others on the newest step every rank holds, takes that state
+from the lowest rank holding it (broadcast over the new group: data parallel, one copy fits
+all) and runs on from there.
 
 Gloo on CPU. NCCL's abort and re-init is the next slice: ``backend="nccl"`` is refused with
 in-process recovery until then.
@@ -14,7 +18,9 @@ in-process recovery until then.
 from __future__ import annotations
 
 import datetime
+import functools
 import gc
+import math
 import os
 import sys
 import time
@@ -22,13 +28,14 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from trainpod import beacon
+from trainpod.elastic import interval
 from trainpod.elastic.copies import copy_state
 from trainpod.elastic.protocol import (
     ENV_FILE,
@@ -39,6 +46,8 @@ from trainpod.elastic.protocol import (
     Recover,
     RecoverWatch,
 )
+from trainpod.mtbf import DEFAULT_MTBF_S
+from trainpod.mtbf import mtbf_s as mtbf_s_of
 
 _POLL_S = 0.02  # how often a rank that lost its group looks for the recover message
 _COLLECTIVE_WORDS = ("gloo", "nccl", "connection closed", "connection reset", "timed out")
@@ -63,6 +72,7 @@ class Recovery:
     cause: str
     seconds: float  # from the fault to the new group agreeing on the state
     rejoin_s: float  # of which: the new store and process group
+    snapshot_every: int = 1  # the state was copied every this many steps when it came
 
 
 @dataclass
@@ -70,6 +80,7 @@ class RunResult:
     steps: int  # the step count reached (== ``steps`` when it ran to the end)
     generation: int
     recoveries: list[Recovery] = field(default_factory=list)
+    snapshot_every: int = 1  # the state was copied every this many steps, at the end
 
 
 class RecoveryFailed(SystemExit):
@@ -109,6 +120,8 @@ def run(
     on_group: Callable[[], object] | None = None,
     replicated: bool = True,
     resume: Callable[[], int | None] | None = None,
+    snapshot_every: int | Literal["auto"] = "auto",
+    mtbf_s: float | None = None,
 ) -> RunResult:
     """Run ``step_fn(step)`` for ``step`` in ``[start_step, steps)`` on every rank.
 
@@ -130,7 +143,13 @@ def run(
     into ``state`` and returns the step to go on from, or None for ``start_step``. With a
     ``trainpod.Checkpointer``: construct it in ``on_group`` the first time and call its
     ``rebind()`` there after, and resume with ``load_latest`` (the step after the one it
-    returns). The last process group is left for the caller to use (close the
+    returns). ``snapshot_every``: copy the state in memory every this many steps; "auto"
+    (the default) takes the interval that loses the least time, from the measured cost of a
+    copy and of a step and the mean time between faults seen (``mtbf_s`` until a fault is
+    seen; default ``$TRAINPOD_MTBF_S``, which the controller sets from the faults it
+    observed, else 4 hours), decided by all ranks together when a
+    group forms and after its first 20 steps. A fault redoes the steps since the newest
+    copy. The last process group is left for the caller to use (close the
     Checkpointer, evaluate) and destroy (``dist.destroy_process_group()``). In a job without
     ``--recovery in-process`` this
     is a plain loop over the default process group (created here from the environment
@@ -141,6 +160,13 @@ def run(
         raise ValueError(f"steps ({steps}) is less than start_step ({start_step})")
     if timeout_s <= 0 or wait_s <= 0:
         raise ValueError(f"timeout_s ({timeout_s}) and wait_s ({wait_s}) must be positive")
+    whole = isinstance(snapshot_every, int) and not isinstance(snapshot_every, bool)
+    if snapshot_every != "auto" and (not whole or int(snapshot_every) < 1):
+        raise ValueError(
+            f"snapshot_every must be a whole number of steps of at least 1, or 'auto', "
+            f"not {snapshot_every!r}"
+        )
+    prior = _prior_mtbf(mtbf_s, e)
     if e.get(ENV_RECOVERY) != IN_PROCESS:
         if not dist.is_initialized():
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
@@ -169,8 +195,17 @@ def run(
         on_group=on_group,
         replicated=replicated,
         resume=resume,
+        every=None if snapshot_every == "auto" else snapshot_every,
+        prior_mtbf_s=prior,
     )
     return loop.run(start_step, steps)
+
+
+def _prior_mtbf(mtbf_s: float | None, env: Mapping[str, str]) -> float:
+    """The argument, else what the controller observed (``TRAINPOD_MTBF_S``), else 4 h."""
+    if mtbf_s is not None and (not math.isfinite(mtbf_s) or mtbf_s <= 0):
+        raise ValueError(f"mtbf_s must be a positive number of seconds, not {mtbf_s!r}")
+    return mtbf_s_of(mtbf_s, env)
 
 
 class _Loop:
@@ -185,8 +220,18 @@ class _Loop:
         on_group: Callable[[], object] | None,
         replicated: bool = True,
         resume: Callable[[], int | None] | None = None,
+        every: int | None = None,
+        prior_mtbf_s: float = DEFAULT_MTBF_S,
     ) -> None:
         self.step_fn = step_fn
+        self.fixed_every = every  # None: auto
+        self.prior_mtbf_s = prior_mtbf_s
+        self.every = every or 1
+        self.base = 0  # copies are due at base, base + every, ...
+        self.tune_at: int | None = None  # the step at which the ranks agree on ``every`` again
+        self.copy_s = 0.0  # a copy's cost, smoothed (0: none measured yet)
+        self.step_s = 0.0  # a step's, copies left out
+        self.started = time.monotonic()
         self.resume = resume
         self.replicated = replicated
         self.on_group = on_group
@@ -229,6 +274,7 @@ class _Loop:
             resumed = self.resume()
             if resumed is not None:
                 step = resumed
+        self._tune(step)
         while step < steps:
             message = self.watch.poll()
             if message is not None:
@@ -236,7 +282,13 @@ class _Loop:
                 self._snapshot(step)
                 step = self._recover(step, f"recover message {message.generation}", message)
                 continue
-            self._snapshot(step)
+            if step == self.tune_at:
+                cause = self._collective(functools.partial(self._tune, step))
+                if cause is not None:
+                    step = self._recover(step, cause, None)
+                    continue
+            if (step - self.base) % self.every == 0:
+                self._snapshot(step)
             cause = self._step(step)
             if cause is not None:  # outside the ``except``: see _step
                 step = self._recover(step, cause, None)
@@ -249,6 +301,7 @@ class _Loop:
         c10d._set_pg_timeout(c10d.default_pg_timeout)
         self.result.steps = step
         self.result.generation = self.generation
+        self.result.snapshot_every = self.every
         return self.result
 
     def _step(self, step: int) -> str | None:
@@ -261,8 +314,17 @@ class _Loop:
         5.8 s recovery ADR 0026 measured). Once the group is really freed its sockets
         close, and every peer blocked on them fails at once ("connection closed by peer"):
         the fault spreads through the ring in milliseconds."""
+        t0 = time.perf_counter()
+        cause = self._collective(lambda: self.step_fn(step))
+        if cause is None:
+            self.step_s = _smooth(self.step_s, time.perf_counter() - t0)
+        return cause
+
+    @staticmethod
+    def _collective(fn: Callable[[], object]) -> str | None:
+        """Run ``fn``; the collective error that ended it (its text only: see _step)."""
         try:
-            self.step_fn(step)
+            fn()
         except Exception as exc:
             if not is_collective_error(exc):
                 raise
@@ -272,6 +334,7 @@ class _Loop:
     # -- recovering ---------------------------------------------------------------------
     def _recover(self, failed_step: int, cause: str, message: Recover | None) -> int:
         t0 = time.monotonic()
+        every = self.every
         self._log(f"step {failed_step}: {cause}; leaving generation {self.generation}")
         self._teardown()
         last_error = cause
@@ -285,6 +348,7 @@ class _Loop:
                 self.generation = self.watch.generation = message.generation
                 step, source = self._agree(failed_step)
                 self._grouped()
+                self._tune(step)
             except Exception as exc:  # a second fault while forming the group
                 last_error = f"re-joining generation {message.generation} failed: {_short(exc)}"
                 self._log(last_error)
@@ -294,7 +358,16 @@ class _Loop:
                 continue
             done = time.monotonic()
             self.result.recoveries.append(
-                Recovery(message.generation, failed_step, step, source, cause, done - t0, done - t1)
+                Recovery(
+                    message.generation,
+                    failed_step,
+                    step,
+                    source,
+                    cause,
+                    done - t0,
+                    done - t1,
+                    snapshot_every=every,
+                )
             )
             self._log(
                 f"generation {message.generation}: resumed at step {step} (state of rank "
@@ -305,10 +378,35 @@ class _Loop:
     def _snapshot(self, step: int) -> None:
         """Keep the state at the start of ``step``; the oldest of two lends its buffers.
         (After a rollback the deque is empty: a loaded snapshot is never written into.)"""
+        t0 = time.perf_counter()
         evicted = self.snapshots[0] if len(self.snapshots) == 2 else None
         state = copy_state(self.state, evicted.state if evicted else None)
         rng = torch.get_rng_state()
         self.snapshots.append(_Snapshot(step, state, rng))
+        self.copy_s = _smooth(self.copy_s, time.perf_counter() - t0)
+
+    def _tune(self, step: int) -> None:
+        """Every rank of the group, at the same ``step``: agree on how often to copy the
+        state from here on (the largest of each rank's figures: one collective)."""
+        self.base = step
+        if self.fixed_every is not None:
+            self.every, self.tune_at = self.fixed_every, None
+            return
+        elapsed = time.monotonic() - self.started
+        mine = [self.copy_s, self.step_s, elapsed, float(len(self.result.recoveries))]
+        figures = torch.tensor(mine, dtype=torch.float64)
+        dist.all_reduce(figures, op=dist.ReduceOp.MAX)
+        copy_s, step_s, elapsed_s, faults = figures.tolist()
+        agreed = interval.Agreed(copy_s, step_s, elapsed_s, int(faults))
+        self.every = interval.every_steps(agreed, self.prior_mtbf_s)
+        self.tune_at = None if agreed.measured else step + interval.WARMUP_STEPS
+        if agreed.measured and self.rank == 0:
+            m = interval.mtbf(agreed.elapsed_s, agreed.faults, self.prior_mtbf_s)
+            self._log(
+                f"copying the state every {self.every} steps from step {step} (a copy "
+                f"{copy_s * 1000:.1f} ms, a step {step_s * 1000:.1f} ms, {agreed.faults} "
+                f"faults in {elapsed_s:.0f}s: MTBF {m:.0f}s)"
+            )
 
     def _grouped(self) -> None:
         # "I joined this generation": the controller's confirmation waits for every rank's
@@ -410,6 +508,10 @@ class _Loop:
 
     def _log(self, text: str) -> None:
         print(f"trainpod.elastic: rank {self.rank}: {text}", file=sys.stderr, flush=True)
+
+
+def _smooth(old: float, new: float, weight: float = 0.2) -> float:
+    return new if old <= 0 else old + weight * (new - old)
 
 
 def _short(exc: BaseException) -> str:

@@ -42,6 +42,12 @@ p.add_argument("--ddp", action="store_true", help="DistributedDataParallel, rebu
 p.add_argument("--sharded", action="store_true", help="elastic.run(replicated=False)")
 p.add_argument("--ckpt", type=Path, help="checkpoint with trainpod.Checkpointer here")
 p.add_argument("--ckpt-every", type=int, default=2)
+p.add_argument(
+    "--snapshot-every",
+    default="1",
+    help="elastic.run(snapshot_every=): steps, or auto (1 here: most tests count redone steps)",
+)
+p.add_argument("--mtbf-s", type=float, default=None, help="elastic.run(mtbf_s=)")
 args = p.parse_args()
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -137,6 +143,8 @@ result = elastic.run(
     on_group=new_group,
     replicated=not args.sharded,
     resume=resume,
+    snapshot_every="auto" if args.snapshot_every == "auto" else int(args.snapshot_every),
+    mtbf_s=args.mtbf_s,
 )
 committed: dict[str, int | None] = {}
 if ckpts:
@@ -161,6 +169,7 @@ out = {
     "ran": ran,
     "steps": result.steps,
     "generation": result.generation,
+    "snapshot_every": result.snapshot_every,
     "recoveries": [dataclasses.asdict(r) for r in result.recoveries],
     "recover_file": os.environ.get("TRAINPOD_RECOVER_FILE", ""),
     "group_hashes": group_hashes,
