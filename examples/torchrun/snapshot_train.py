@@ -118,6 +118,10 @@ def main() -> None:
     if trainer.rank == 0:
         loss = trainer.final_loss(data)
         print(f"rank 0: final loss {loss.hex()} ({loss:.6f})", flush=True)
+    # Every rank leaves the group together: a rank that destroys it while a peer still works
+    # (rank 0's loss above) may hang in the teardown (pytorch/pytorch#75097; a CI run saw
+    # rank 1 never exit after rank 0 had).
+    dist.barrier()
     dist.destroy_process_group()
 
 
