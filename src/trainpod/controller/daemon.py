@@ -338,7 +338,6 @@ def main(argv: list[str] | None = None) -> None:
     )
     serving.load()  # makes the SSLContext now, so that a renewed certificate goes into it
     if tls is not None and serving.ssl is not None:
-        uv = serving
 
         def make_context(cert: Path, key: Path) -> ssl.SSLContext:
             """What uvicorn made at its start, from the renewed files."""
@@ -346,10 +345,10 @@ def main(argv: list[str] | None = None) -> None:
                 cert,
                 key,
                 password=None,
-                ssl_version=uv.ssl_version,
-                cert_reqs=uv.ssl_cert_reqs,
-                ca_certs=uv.ssl_ca_certs,
-                ciphers=uv.ssl_ciphers,
+                ssl_version=serving.ssl_version,
+                cert_reqs=serving.ssl_cert_reqs,
+                ca_certs=serving.ssl_ca_certs,
+                ciphers=serving.ssl_ciphers,
             )
 
         reloader = CertReloader(serving.ssl, tls.cert, tls.key, make_context=make_context)
