@@ -17,6 +17,7 @@ from recoverykit.common import (
     CKPT_TARGET_S,
     ENDED,
     GPT,
+    HANG_TIMEOUT_S,
     JobWatch,
     _count,
     end_job,
@@ -42,6 +43,9 @@ def gpt_spec(
 ) -> JobSpec:
     """``recovery``: ``restart`` (every rank starts again after a fault) or ``in-process``
     (the healthy ranks stay: ADR 0026, 0046)."""
+    # In process, a peer that hangs is replaced once the others' collectives time out:
+    # as soon as the watchdog's hang_timeout_s here (ADR 0026, hangs).
+    timeout = ["--collective-timeout-s", str(HANG_TIMEOUT_S)] if recovery == "in-process" else []
     return JobSpec(
         command=[
             sys.executable,
@@ -54,6 +58,7 @@ def gpt_spec(
             str(ckpt),
             "--log-every",
             "50",
+            *timeout,
         ],
         name=name,
         nodes=2,

@@ -359,6 +359,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="node-local scratch tier root; default: $TRAINPOD_JOB_SCRATCH_DIR (under "
         "trainpod), else none",
     )
+    p.add_argument(
+        "--collective-timeout-s",
+        type=float,
+        default=10.0,
+        help="with --recovery in-process: how long a collective waits for a peer before this "
+        "rank calls its group lost (a peer that hangs is replaced in process once its "
+        "peers say so); more than the slowest step's wait at a collective",
+    )
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument(
         "--progress-dir",
@@ -636,6 +644,7 @@ def main(argv: list[str] | None = None) -> int:
             on_group=on_group,
             resume=resume,
             backend="nccl" if device.type == "cuda" else "gloo",
+            timeout_s=args.collective_timeout_s,
         )
     else:
         on_group()

@@ -37,7 +37,10 @@ in a heartbeat, ``"m"`` when there are no metrics. Metric keys the agent underst
 ``checkpoint_step`` (a checkpoint covering this step was written), ``checkpoint_stall_s``
 (seconds the loop was blocked saving), ``tokens`` (tokens processed in this step),
 ``generation`` (the in-process recovery generation whose process group the rank joined, sent
-by :func:`trainpod.elastic.run` after every join, ADR 0035); every
+by :func:`trainpod.elastic.run` after every join, ADR 0035, with ``collective_timeout_s``, its
+group's collective timeout), ``lost_generation`` (the generation whose group the rank lost: a
+collective failed or timed out, and it waits for the next; a hung peer is told apart from
+the ranks waiting for it by this, ADR 0026); every
 other number (``loss=...``) is plotted as ``metrics/<name>`` in the job's TensorBoard logdir
 (ADR 0021; rank 0's reports, at most 64 names per attempt). Values
 that JSON cannot carry (a tensor, a NumPy float32) are sent as ``float()`` of them, else as

@@ -365,6 +365,22 @@ def test_book_step_times_windows_and_forget() -> None:
     assert book.attempts() == [] and book.summary(1).ranks == {}
 
 
+def test_book_keeps_the_newest_lost_generation_and_the_collective_timeout() -> None:
+    """What the controller tells a hung rank from its waiting peers by (ADR 0026)."""
+    book = BeaconBook(FakeClock(1000.0))
+    book.record(1, 0, None, 0.0, {"generation": 0, "collective_timeout_s": 2.5}, now=1000.0)
+    book.record(1, 0, 7, 1.0, {"loss": 1.0}, now=1001.0)  # later metrics replace, these stay
+    assert book.summary(1).ranks[0].lost_generation is None
+    book.record(1, 0, None, 2.0, {"lost_generation": 0}, now=1002.0)
+    book.record(1, 0, None, 3.0, {"generation": 1, "collective_timeout_s": 4.0}, now=1003.0)
+    book.record(1, 0, None, 4.0, {"lost_generation": 0}, now=1004.0)  # late: never lower
+    r = book.summary(1).ranks[0]
+    assert (r.generation, r.lost_generation, r.collective_timeout_s) == (1, 0, 4.0)
+    book.record(1, 0, None, 5.0, {"collective_timeout_s": True, "lost_generation": "1"})
+    r = book.summary(1).ranks[0]
+    assert (r.lost_generation, r.collective_timeout_s) == (0, 4.0)  # bad values ignored
+
+
 # -- stragglers ---------------------------------------------------------------------------
 def test_wire_format_is_compact_json(server: BeaconServer, monkeypatch: pytest.MonkeyPatch) -> None:
     raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # read what the sender sends

@@ -77,6 +77,12 @@ class RankBeacons:
     """The metrics of the latest report that carried any (special keys included)."""
     generation: int = 0
     """The newest in-process recovery generation the rank said it joined (ADR 0035)."""
+    lost_generation: int | None = None
+    """The newest generation whose process group the rank said it lost (a collective failed
+    or timed out) while it waits for the next one; None: it never said so."""
+    collective_timeout_s: float | None = None
+    """The collective timeout the rank said its group has (``trainpod.elastic.run``'s
+    ``timeout_s``): how long a peer's hang takes to show as a lost group."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,8 @@ def rank_beacon(b: RankBeacons) -> RankBeacon:
         checkpoint_stall_s=b.checkpoint_stall_s,
         metrics={**b.metrics, "tokens_total": b.tokens},
         generation=b.generation,
+        lost_generation=b.lost_generation,
+        collective_timeout_s=b.collective_timeout_s,
     )
 
 
@@ -116,6 +124,7 @@ class _RankState:
 
     __slots__ = (
         "beacons",
+        "collective_timeout_s",
         "durations",
         "first_at",
         "first_step",
@@ -124,6 +133,7 @@ class _RankState:
         "last_ckpt",
         "last_step",
         "last_t",
+        "lost_generation",
         "metrics",
         "stall_s",
         "steps",
@@ -144,6 +154,8 @@ class _RankState:
         self.stall_s = 0.0
         self.tokens = 0.0
         self.generation = 0
+        self.lost_generation: int | None = None
+        self.collective_timeout_s: float | None = None
 
     def record(
         self, step: int | None, t: float, metrics: dict[str, Any] | None, now: float
@@ -174,6 +186,12 @@ class _RankState:
             gen = metrics.get("generation")
             if type(gen) is int and gen > self.generation:  # kept: later metrics replace these
                 self.generation = gen
+            lost = metrics.get("lost_generation")
+            if type(lost) is int and (self.lost_generation is None or lost > self.lost_generation):
+                self.lost_generation = lost
+            timeout = metrics.get("collective_timeout_s")
+            if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+                self.collective_timeout_s = float(timeout)
 
     def summary(self, rank: int, now: float) -> RankBeacons:
         return RankBeacons(
@@ -191,6 +209,8 @@ class _RankState:
             tokens=self.tokens,
             metrics=dict(self.metrics),
             generation=self.generation,
+            lost_generation=self.lost_generation,
+            collective_timeout_s=self.collective_timeout_s,
         )
 
 

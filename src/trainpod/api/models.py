@@ -52,6 +52,14 @@ class RankBeacon(_Model):
     generation: int = Field(
         default=0, description="the in-process recovery generation the rank last joined"
     )
+    lost_generation: int | None = Field(
+        default=None,
+        description="the newest generation whose process group the rank lost (a collective "
+        "failed or timed out) and waits to leave for the next one",
+    )
+    collective_timeout_s: float | None = Field(
+        default=None, description="the collective timeout of the rank's process group"
+    )
 
 
 class AttemptReport(_Model):

@@ -187,6 +187,24 @@ class Executor:
                 return ev.log_tail or ""
         return ""
 
+    def hang_in_process(
+        self,
+        attempt: AttemptRow,
+        beacons: progress.Book,
+        hung_rank: int | None,
+        reason: str,
+        fault_at: float,
+        now: float,
+    ) -> bool:
+        """A hung attempt of an in-process job: True while the rung handles it (the silent
+        ranks replaced in process, or waiting for the others to say they lost their group);
+        False: stop it as any hung attempt."""
+        job = self.tx.job(attempt.job_id)
+        if job.cancel_requested:
+            return False
+        left = self._restarts_left(job)
+        return self.rung.hung(attempt, beacons, hung_rank, reason, fault_at, left, now)
+
     def recovery_deadlines(self, now: float) -> None:
         """In-process recoveries past their deadline fall back to a full restart."""
         for attempt, failure in self.rung.overdue(now):

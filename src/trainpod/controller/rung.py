@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from trainpod.api.models import RankBeacon
 from trainpod.controller.books import BeaconBook
 from trainpod.controller.config import ControllerConfig
 from trainpod.controller.judge import describe_failure, first_failure
@@ -48,6 +49,7 @@ class RecoverInProcess:
     replaced: tuple[int, ...]
     reason: str
     moves: tuple[tuple[str, str], ...] = ()  # lost node -> the node its ranks move to
+    fault_at: float | None = None  # when it went wrong, where no failed rank says (a hang)
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,23 @@ class FallBack:
     reason: str
 
 
+@dataclass(frozen=True)
+class WaitForPeers:
+    """A hang not yet told apart: the healthy ranks have not said (yet) that they lost their
+    group; they will once their collective timeout runs out."""
+
+    until_s: float  # the hang's age after which it falls back
+
+
 RungDecision = RecoverInProcess | FallBack
+
+HANG_GRACE_S = 3.0
+"""After the longest collective timeout its ranks report, how long a hang waits for them to
+say they lost their group (their beacon's way through the agent's heartbeat included)."""
+SETTLE_S = 0.5
+"""How long after the first rank said it lost its group the others have to say so too (the
+teardown's failure spreads through the ring in milliseconds; the beacons ride on each
+node's next heartbeat, hence ``heartbeat_interval_s`` on top)."""
 
 
 def decide_rung(
@@ -103,6 +121,71 @@ def decide_rung(
     # A lost node's every rank starts fresh on its replacement, failed or not yet seen so.
     replaced = tuple(sorted({r.rank for r in failed} | {r.rank for r in ranks if r.node in lost}))
     return RecoverInProcess(ip.generation + 1, first.rank, replaced, what, moves)
+
+
+def decide_hang(
+    *,
+    attempt: AttemptRow,
+    ranks: Sequence[RankRow],
+    beacons: Mapping[int, tuple[RankBeacon, float]],
+    hung_rank: int | None,
+    reason: str,
+    fault_at: float,
+    now: float,
+    healthy_nodes: frozenset[str],
+    restarts_left: int,
+    settle_s: float = SETTLE_S,
+) -> RecoverInProcess | FallBack | WaitForPeers:
+    """A running opted-in attempt whose progress stopped (the hang watchdog's ``reason``):
+    replace, in process, the ranks that stayed silent while the others said they lost their
+    group (``lost_generation`` in their beacons, sent once their collective failed or timed
+    out); wait while the others may still say so; else fall back to a full restart.
+
+    ``beacons``: rank -> (summary, controller time it arrived)."""
+    g = attempt.in_process.generation
+    live = [r for r in ranks if not r.state.ended]
+
+    def age(rank: int) -> float:
+        b, received = beacons[rank]
+        return b.age_s + (now - received)
+
+    waiting = {
+        r.rank
+        for r in live
+        if r.rank in beacons
+        and (lost := beacons[r.rank][0].lost_generation) is not None
+        and lost >= g
+    }
+    silent_for = now - fault_at
+    if not waiting:
+        timeouts = [
+            t for r in live if r.rank in beacons and (t := beacons[r.rank][0].collective_timeout_s)
+        ]
+        if not timeouts:
+            return FallBack(f"{reason}; its ranks report no collective timeout to wait for")
+        until = max(timeouts) + HANG_GRACE_S
+        if silent_for <= until:
+            return WaitForPeers(until)
+        return FallBack(
+            f"{reason}; no rank said it lost its group within {until:g} s (its collective "
+            "timeout and a grace): the whole job is stuck"
+        )
+    if max(age(r) for r in waiting) < settle_s:
+        return WaitForPeers(silent_for + settle_s)  # the other nodes' heartbeats may follow
+    silent = tuple(sorted(r.rank for r in live if r.rank not in waiting))
+    sick = sorted({r.node for r in live if r.rank in silent} - healthy_nodes)
+    if sick:
+        return FallBack(f"{reason}, and {', '.join(sick)} is not healthy")
+    if restarts_left <= 0:
+        return FallBack(f"{reason}; no restarts left (max_restarts)")
+    first = hung_rank if hung_rank in silent else (silent[0] if silent else min(waiting))
+    names = ", ".join(map(str, silent))
+    what = (
+        f"{reason}; rank {names} stayed silent while the others lost their group"
+        if silent
+        else f"{reason}; every rank lost its group, none is stuck"
+    )
+    return RecoverInProcess(g + 1, first, silent, what, fault_at=fault_at)
 
 
 def _last_line(tail: str) -> str:
@@ -176,10 +259,47 @@ class InProcessRung:
         )
         return isinstance(decision, RecoverInProcess) and bool(decision.moves)
 
+    def hung(
+        self,
+        attempt: AttemptRow,
+        beacons: Mapping[int, tuple[RankBeacon, float]],
+        hung_rank: int | None,
+        reason: str,
+        fault_at: float,
+        restarts_left: int,
+        now: float,
+    ) -> bool:
+        """The hang watchdog found ``attempt`` (of an opted-in job) stuck: True while the
+        rung handles it (a recovery started, or waiting to tell the stuck ranks apart);
+        False: it goes the old way (the reason is in an event)."""
+        ranks = self.store.ranks(attempt.id)
+        healthy = frozenset(n.name for n in self.store.nodes() if n.state in HEALTHY_NODE_STATES)
+        decision = decide_hang(
+            attempt=attempt,
+            ranks=ranks,
+            beacons=beacons,
+            hung_rank=hung_rank,
+            reason=reason,
+            fault_at=fault_at,
+            now=now,
+            healthy_nodes=healthy,
+            restarts_left=restarts_left,
+            settle_s=SETTLE_S + self.cfg.heartbeat_interval_s,
+        )
+        if isinstance(decision, WaitForPeers):
+            return True
+        if isinstance(decision, FallBack):
+            self.abandon(attempt, decision.reason, now)
+            return False
+        self._start(attempt, ranks, decision, now)
+        return True
+
     def _start(
         self, attempt: AttemptRow, ranks: Sequence[RankRow], d: RecoverInProcess, now: float
     ) -> frozenset[int]:
-        fault_at = min((r.ended_at or now) for r in ranks if r.failed and r.rank in d.replaced)
+        fault_at = d.fault_at
+        if fault_at is None:
+            fault_at = min((r.ended_at or now) for r in ranks if r.failed and r.rank in d.replaced)
         node = next(r.node for r in ranks if r.rank == d.rank)
         nodes = self._move(attempt, ranks, dict(d.moves), now) if d.moves else attempt.nodes
         addr = self.tx.address(nodes[0])  # rank 0's node hosts the new store

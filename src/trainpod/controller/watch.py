@@ -135,6 +135,10 @@ class Watchdog:
             )
             if hung is not None:
                 reason, fault_at, rank = hung
+                if spec.recovery == "in-process" and self.executor.hang_in_process(
+                    attempt, book, rank, reason, fault_at, now
+                ):
+                    continue  # its stuck ranks are replaced in process (ADR 0026 addendum)
                 where = {r.rank: r.node for r in ranks}.get(rank) if rank is not None else None
                 failure = Failure(
                     reason=reason,

@@ -337,6 +337,10 @@ class _Loop:
         every = self.every
         self._log(f"step {failed_step}: {cause}; leaving generation {self.generation}")
         self._teardown()
+        if message is None:
+            # "My group is lost and I wait": a peer that hangs (alive, silent) is told apart
+            # from the ranks waiting for it by this, and replaced in process (ADR 0026).
+            beacon.heartbeat(lost_generation=self.generation)
         last_error = cause
         while True:
             message = message or self._wait_message(t0, last_error)
@@ -411,7 +415,7 @@ class _Loop:
     def _grouped(self) -> None:
         # "I joined this generation": the controller's confirmation waits for every rank's
         # (ADR 0035). A beacon never blocks nor raises; outside trainpod it is a no-op.
-        beacon.heartbeat(generation=self.generation)
+        beacon.heartbeat(generation=self.generation, collective_timeout_s=self.timeout_s)
         if self.on_group is not None:
             self.on_group()
 

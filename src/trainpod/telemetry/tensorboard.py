@@ -56,7 +56,17 @@ GOODPUT_RUN = "trainpod-goodput"
 MAX_METRICS = 64
 """Distinct ``metrics/<name>`` tags kept per attempt; further names are dropped (counted)."""
 MAX_TAG = 100
-SPECIAL_KEYS = frozenset({"checkpoint_step", "checkpoint_stall_s", "tokens", "tokens_total"})
+SPECIAL_KEYS = frozenset(
+    {
+        "checkpoint_step",
+        "checkpoint_stall_s",
+        "tokens",
+        "tokens_total",
+        "generation",
+        "lost_generation",
+        "collective_timeout_s",
+    }
+)
 """Beacon keys trainpod interprets itself (see :mod:`trainpod.beacon`), not ``metrics/``."""
 _BAD_TAG = re.compile(r"[^A-Za-z0-9_.\-/]")
 

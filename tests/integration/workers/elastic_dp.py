@@ -6,12 +6,13 @@ exactly what it did. Every rank writes ``<out>/rank-<r>.json`` at the end: its p
 final loss on a fixed probe batch, the parameters, the steps it ran and its recoveries.
 
 ``--steps N --out DIR [--step-sleep S] [--mark-at K ...] [--ddp] [--sharded] [--ckpt DIR
---ckpt-every K]``: with ``--ckpt`` a ``trainpod.Checkpointer`` saves every K steps and after
-the last (made in ``on_group`` the first time, ``rebind()`` there after), and the run
-resumes from its newest checkpoint (``resume=``). After step K the
-rank touches ``<out>/at-<K>-rank-<r>`` (the test waits for it before injecting a fault).
+--ckpt-every K] [--beacon]``: with ``--ckpt`` a ``trainpod.Checkpointer`` saves every K
+steps and after the last (made in ``on_group`` the first time, ``rebind()`` there after),
+and the run resumes from its newest checkpoint (``resume=``). After step K the rank touches
+``<out>/at-<K>-rank-<r>`` (the test waits for it before injecting a fault).
 ``--sharded`` tells ``elastic.run`` the state is not replicated (a replaced peer cannot be
-given it). Each time a group is formed the rank notes a hash of its whole state
+given it). ``--beacon`` reports each step (``trainpod.report``), for the controller's hang
+watchdog. Each time a group is formed the rank notes a hash of its whole state
 (``group_hashes``): a replacement's equals its peers' bit for bit.
 """
 
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainpod import elastic
+from trainpod import elastic, report
 from trainpod.ckpt import Checkpointer
 
 p = argparse.ArgumentParser()
@@ -48,6 +49,7 @@ p.add_argument(
     help="elastic.run(snapshot_every=): steps, or auto (1 here: most tests count redone steps)",
 )
 p.add_argument("--mtbf-s", type=float, default=None, help="elastic.run(mtbf_s=)")
+p.add_argument("--beacon", action="store_true", help="trainpod.report(step) after each step")
 args = p.parse_args()
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -128,6 +130,8 @@ def train_step(step: int) -> None:
     if ckpts and (ckpts[0].due(step) or step == args.steps - 1):
         ckpts[0].save(step, {"model": model, "optim": opt})
         saves.append(step)
+    if args.beacon:
+        report(step)
     if step in args.mark_at:
         (args.out / f"at-{step}-rank-{rank}").touch()
     if args.step_sleep:
