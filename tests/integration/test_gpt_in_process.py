@@ -86,3 +86,34 @@ def test_gpt_survives_a_killed_rank_in_process(cluster: Cluster, tmp_path: Path)
     written_by = {f.get("node") for f in json.loads(manifest.read_text())["files"]}
     assert written_by == {"workers-0", "spares-0"}, written_by
     cluster.wait_idle()
+
+
+@pytest.mark.timeout(300)
+def test_gpt_replaces_a_hung_rank_in_process(cluster: Cluster, tmp_path: Path) -> None:
+    """A GPT rank that stops (SIGSTOP) is found by its peer's collective timeout (3 s here)
+    and replaced in the same attempt: the healthy rank keeps its process and Checkpointer,
+    the new one takes its state, and saves go on to the last step."""
+    steps = 60
+    durable = tmp_path / "ckpt"
+    argv = ["python", str(GPT), "--steps", str(steps), "--ckpt-every", "5", "--eval-every", "0"]
+    argv += ["--log-every", "10", "--ckpt-dir", str(durable), "--collective-timeout-s", "3"]
+    job = cluster.submit(
+        argv, nodes=2, procs_per_node=1, auto_resume=True, recovery="in-process", hang_timeout_s=3
+    )
+    wait_until(lambda: _committed(durable), timeout_s=90, what="a first committed checkpoint")
+    (attempt,) = cluster.client.job(job.id).attempts
+    pids = {r.rank: r.pid for r in attempt.ranks}
+    cluster.client.chaos(ChaosRequest(node="workers-1", fault="hang", rank=1))
+    done = cluster.wait_job(job.id, timeout_s=200)
+    assert done.state == "completed", cluster.describe(done)
+    events = cluster.client.events(job_id=job.id)
+    why = [(e.kind, e.data) for e in events if "recovery" in e.kind or "fault" in e.kind]
+    (same,) = done.attempts  # no second attempt
+    now = {r.rank: r.pid for r in same.ranks}
+    assert now[0] == pids[0] and now[1] != pids[1], why
+    (started,) = [e.data for e in events if e.kind == "in_process_recovery_started"]
+    assert started["replaced"] == [1] and "rank 1 stayed silent" in started["reason"], why
+    assert [e.data["generation"] for e in events if e.kind == "in_process_recovery_done"] == [1]
+    assert "joined generation 1 at step" in cluster.client.logs(job.id, rank=1).data
+    assert _committed(durable)[-1] == steps  # saves went on after the recovery
+    cluster.wait_idle()

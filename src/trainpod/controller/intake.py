@@ -273,6 +273,14 @@ class HeartbeatIngest:
                     # rank of an attempt before it spawns the first; a warm start learns its
                     # pid from the zygote): the pid comes with a later report
                     self.store.update_rank(attempt.id, rr.rank, pid=rr.pid)
+                elif (
+                    rr.state == "running"
+                    and rr.pid not in (None, row.pid)
+                    # another process of a running rank: a stuck one replaced in process
+                    # (killed and started again before a report saw it end; ADR 0026)
+                    and self.executor.rung.restarted(attempt, row, rr.pid, rr.started_at, now)
+                ):
+                    touched.add(attempt.id)
                 if rr.state == "exited":
                     self.store.update_rank(
                         attempt.id,
