@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from trainpod.api.models import RankBeacon
+from trainpod.controller import progress
 from trainpod.controller.rung import (
     HANG_GRACE_S,
     FallBack,
@@ -149,3 +150,26 @@ def test_a_silent_rank_on_an_unhealthy_node_or_no_restarts_left_falls_back() -> 
     assert isinstance(sick, FallBack) and "b is not healthy" in sick.reason
     spent = decide(book, restarts_left=0)
     assert isinstance(spent, FallBack) and "no restarts left" in spent.reason
+
+
+def test_a_silent_rank_whose_agent_went_quiet_is_left_to_the_liveness_watchdog() -> None:
+    """Node b's agent was last heard before the others lost their group: b may be lost
+    (its ranks then move to a free node, the rung's other path), so the rung waits."""
+    book = {r: beacon(r, age=2.0, lost=0) for r in (0, 1, 2)} | {3: beacon(3, age=10.0)}
+    lost_at = NOW - 2.0
+    quiet = decide(book, heard={"a": NOW, "b": lost_at - 0.5})
+    assert isinstance(quiet, WaitForPeers)
+    alive = decide(book, heard={"a": NOW, "b": lost_at + 0.5})
+    assert isinstance(alive, RecoverInProcess) and alive.replaced == (3,)
+
+
+def test_group_lost_names_the_ranks_that_said_so_and_when_progress_stopped() -> None:
+    book = {r: beacon(r, age=2.0, lost=0) for r in (0, 1)} | {3: beacon(3, age=10.0)}
+    book[2] = beacon(2, age=2.0)
+    got = progress.group_lost(book, generation=0, now=NOW)
+    assert got is not None
+    reason, fault_at, rank = got
+    assert reason.startswith("rank 0, 1 lost its process group of generation 0")
+    assert (fault_at, rank) == (NOW - 10.0, None)
+    assert progress.group_lost(book, generation=1, now=NOW) is None  # old news
+    assert progress.group_lost({3: beacon(3, age=10.0)}, generation=0, now=NOW) is None

@@ -53,6 +53,28 @@ def hang(
     return None
 
 
+def group_lost(beacons: Book, *, generation: int, now: float) -> tuple[str, float, None] | None:
+    """(reason, when the job stopped progressing, None) if a rank of an in-process job said
+    it lost generation ``generation``'s process group (a collective failed or timed out:
+    ``lost_generation`` in its beacons) and waits for the next, else None. Its peers may have
+    said nothing, being stuck: the rung tells them apart (:func:`rung.decide_hang`)."""
+    waiting = sorted(
+        r
+        for r, (b, _) in beacons.items()
+        if b.lost_generation is not None and b.lost_generation >= generation
+    )
+    if not waiting:
+        return None
+    oldest = max(b.age_s + (now - received) for b, received in beacons.values())
+    names = ", ".join(map(str, waiting))
+    return (
+        f"rank {names} lost its process group of generation {generation} (a collective "
+        "failed or timed out)",
+        now - oldest,
+        None,
+    )
+
+
 def stragglers(
     trackers: dict[int, tuple[StragglerTracker, float]],
     attempt_id: int,

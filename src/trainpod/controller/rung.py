@@ -135,13 +135,18 @@ def decide_hang(
     healthy_nodes: frozenset[str],
     restarts_left: int,
     settle_s: float = SETTLE_S,
+    heard: Mapping[str, float | None] | None = None,
 ) -> RecoverInProcess | FallBack | WaitForPeers:
-    """A running opted-in attempt whose progress stopped (the hang watchdog's ``reason``):
-    replace, in process, the ranks that stayed silent while the others said they lost their
-    group (``lost_generation`` in their beacons, sent once their collective failed or timed
-    out); wait while the others may still say so; else fall back to a full restart.
+    """A running opted-in attempt whose progress stopped (the hang watchdog's ``reason``),
+    or some of whose ranks said they lost their group: replace, in process, the ranks that
+    stayed silent while the others said so (``lost_generation`` in their beacons, sent once
+    their collective failed or timed out); wait while the others may still say so; else
+    fall back to a full restart.
 
-    ``beacons``: rank -> (summary, controller time it arrived)."""
+    ``beacons``: rank -> (summary, controller time it arrived). ``heard``: node -> when its
+    agent's last heartbeat arrived. A silent rank whose agent has not been heard from since
+    the first rank said it lost its group may be on a lost node: that is the liveness
+    watchdog's to declare (its ranks then move to a free node), so the rung waits."""
     g = attempt.in_process.generation
     live = [r for r in ranks if not r.state.ended]
 
@@ -173,7 +178,11 @@ def decide_hang(
     if max(age(r) for r in waiting) < settle_s:
         return WaitForPeers(silent_for + settle_s)  # the other nodes' heartbeats may follow
     silent = tuple(sorted(r.rank for r in live if r.rank not in waiting))
-    sick = sorted({r.node for r in live if r.rank in silent} - healthy_nodes)
+    first_lost = min(beacons[r][1] - beacons[r][0].age_s for r in waiting)
+    quiet = {r.node for r in live if r.rank in silent}
+    if heard is not None and any((heard.get(n) or 0.0) <= first_lost for n in quiet):
+        return WaitForPeers(silent_for + settle_s)
+    sick = sorted(quiet - healthy_nodes)
     if sick:
         return FallBack(f"{reason}, and {', '.join(sick)} is not healthy")
     if restarts_left <= 0:
@@ -273,7 +282,8 @@ class InProcessRung:
         rung handles it (a recovery started, or waiting to tell the stuck ranks apart);
         False: it goes the old way (the reason is in an event)."""
         ranks = self.store.ranks(attempt.id)
-        healthy = frozenset(n.name for n in self.store.nodes() if n.state in HEALTHY_NODE_STATES)
+        nodes = self.store.nodes()
+        healthy = frozenset(n.name for n in nodes if n.state in HEALTHY_NODE_STATES)
         decision = decide_hang(
             attempt=attempt,
             ranks=ranks,
@@ -285,6 +295,7 @@ class InProcessRung:
             healthy_nodes=healthy,
             restarts_left=restarts_left,
             settle_s=SETTLE_S + self.cfg.heartbeat_interval_s,
+            heard={n.name: n.last_heartbeat for n in nodes},
         )
         if isinstance(decision, WaitForPeers):
             return True

@@ -133,6 +133,11 @@ class Watchdog:
                 hang_timeout_s=spec.hang_timeout_s or self.cfg.hang_timeout_s,
                 startup_timeout_s=startup,
             )
+            if hung is None and spec.recovery == "in-process":
+                # its ranks say so before any hang timeout: the collective's is shorter
+                hung = progress.group_lost(
+                    beacons, generation=attempt.in_process.generation, now=now
+                )
             if hung is not None:
                 reason, fault_at, rank = hung
                 if spec.recovery == "in-process" and self.executor.hang_in_process(
