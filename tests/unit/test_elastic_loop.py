@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from trainpod import beacon
 from trainpod.elastic import Recover, is_collective_error, recover_file, run, write_recover
 
 
@@ -87,6 +88,40 @@ def test_a_recover_message_between_steps_re_forms_the_group_and_loses_no_step(
     [rec] = result.recoveries
     assert (rec.failed_step, rec.resumed_step, rec.source) == (4, 4, 0)
     assert groups == [1, 1]  # built in generation 0 and again in generation 1
+
+
+def test_a_rank_whose_collective_failed_says_it_lost_its_group_and_one_told_to_leave_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the controller tells a stuck peer from the ranks waiting for it by (ADR 0026):
+    each join says the generation and the collective timeout; a failed collective says
+    ``lost_generation``; leaving on a recover message between steps says nothing of a loss."""
+    said: list[dict[str, object]] = []
+    monkeypatch.setattr(beacon, "heartbeat", lambda **kw: said.append(kw))
+    e = env(tmp_path)
+
+    failed: list[int] = []
+
+    def step(n: int) -> None:
+        if n == 2 and not failed:  # a peer died in this step's collective; generation 1 comes
+            failed.append(n)
+            write_recover(
+                Path(e["TRAINPOD_RECOVER_FILE"]), Recover(1, 1, "127.0.0.1", free_port(), 1)
+            )
+            raise RuntimeError("[gloo] Connection closed by peer")
+        if n == 5:  # generation 2 is published between steps: nothing was lost
+            write_recover(
+                Path(e["TRAINPOD_RECOVER_FILE"]), Recover(2, 1, "127.0.0.1", free_port(), 1)
+            )
+
+    result = run(step, {"c": Counter()}, steps=8, env=e, timeout_s=7.5, snapshot_every=1)
+    assert result.generation == 2
+    assert said == [
+        {"generation": 0, "collective_timeout_s": 7.5},
+        {"lost_generation": 0},
+        {"generation": 1, "collective_timeout_s": 7.5},
+        {"generation": 2, "collective_timeout_s": 7.5},
+    ]
 
 
 def test_an_error_of_the_step_itself_is_raised_not_recovered(tmp_path: Path) -> None:
