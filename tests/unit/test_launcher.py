@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trainpod.agent.launcher import Launcher, RankProcess, _open_log, _write_notice
+from trainpod.agent.launcher import Launcher
+from trainpod.agent.ranks import RankProcess, open_log, write_notice
 from trainpod.agent.warmpool import WarmPool
 from trainpod.api.models import LaunchOrder, RankReport, RankSlot, RecoverOrder
 from trainpod.testing.wait import wait_until
@@ -154,7 +155,7 @@ def test_a_notice_is_written_whole_and_never_through_a_link_left_at_its_tmp_path
     victim.write_text("keep")
     notice = tmp_path / "notice.json"
     (tmp_path / ".notice.json.tmp").symlink_to(victim)  # what an account could leave there
-    _write_notice(notice, b'{"signal": "SIGUSR1"}', None)
+    write_notice(notice, b'{"signal": "SIGUSR1"}', None)
     assert victim.read_text() == "keep"
     assert notice.read_text() == '{"signal": "SIGUSR1"}' and not notice.is_symlink()
     assert stat.S_IMODE(notice.stat().st_mode) == 0o600
@@ -164,14 +165,14 @@ def test_an_accounts_rank_log_is_0600_and_not_opened_through_a_link(tmp_path: Pa
     log = tmp_path / "rank-0.log"
     log.write_bytes(b"old\n")
     log.chmod(0o644)
-    with _open_log(log, private=True) as f:
+    with open_log(log, private=True) as f:
         f.write(b"new\n")
     assert log.read_bytes() == b"old\nnew\n"
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
     linked = tmp_path / "rank-1.log"
     linked.symlink_to(tmp_path / "elsewhere")
     with pytest.raises(OSError):
-        _open_log(linked, private=True).close()
+        open_log(linked, private=True).close()
     assert not (tmp_path / "elsewhere").exists()
     assert os.path.islink(linked)
 

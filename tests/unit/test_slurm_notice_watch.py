@@ -11,7 +11,8 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from trainpod.agent.launcher import Launcher, Notice, notice_file
+from trainpod.agent.launcher import Launcher
+from trainpod.agent.ranks import Notice, notice_file
 from trainpod.agent.slurmnotice import (
     CONFIRM_S,
     TERM_WAIT_S,

@@ -19,7 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainpod.agent.launcher import Launcher, Notice, ignore_notice_signal
+from trainpod.agent.launcher import Launcher
+from trainpod.agent.ranks import Notice, ignore_notice_signal
 from trainpod.agent.warmstart import WarmStarter, agents_zygote_env, plan
 from trainpod.agent.zygote import Plan
 from trainpod.api.models import LaunchOrder, RankReport, RankSlot

@@ -21,10 +21,11 @@ from typing import Any
 from trainpod.agent.beacons import BeaconBook, rank_beacon
 from trainpod.agent.chaos import ChaosExecutor
 from trainpod.agent.devices import DeviceTelemetry
-from trainpod.agent.launcher import Launcher, Notice
+from trainpod.agent.launcher import Launcher
 from trainpod.agent.lifecycle import LifecycleRunner
 from trainpod.agent.monitor import DeepChecker, HealthMonitor
 from trainpod.agent.persisters import CheckpointHub
+from trainpod.agent.ranks import Notice
 from trainpod.agent.rdzvstore import RendezvousStores
 from trainpod.agent.slurmnotice import SlurmNoticeWatch
 from trainpod.agent.tensorboard import TensorBoardTap

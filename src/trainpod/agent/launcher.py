@@ -30,24 +30,31 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 import psutil
 
 from trainpod import notice, procutil, resume
 from trainpod.agent.accounts import AccountError, RunAs, run_as
 from trainpod.agent.jobsockets import AccountSockets
+from trainpod.agent.ranks import (
+    KEEP_FOR_RECOVERY_S,
+    AttemptRun,
+    Notice,
+    RankProcess,
+    note_signal,
+    notice_file,
+    open_log,
+    signal_group,
+    write_notice,
+)
 from trainpod.agent.warmpool import WarmPool
 from trainpod.agent.warmstart import WarmProcess, WarmStarter
 from trainpod.api.models import (
     FORGOTTEN_FOR_S,
     FORGOTTEN_MAX,
     AttemptReport,
-    KillOrder,
     LaunchOrder,
-    RankReport,
     RecoverOrder,
 )
 from trainpod.ckpt.layout import job_scratch_dir
@@ -63,9 +70,6 @@ from trainpod.spec.workerenv import DEFAULT_ENV_ALLOW, allowed
 TRAINPOD_INHERITED = (STATE_DIR_ENV, "TRAINPOD_SLURM_JOB_ID", "SLURM_JOB_ID", "SLURMD_NODENAME")
 
 log = logging.getLogger(__name__)
-
-TAIL_BYTES = 4096
-TAIL_LINES = 30
 
 
 def inheritance(environ: Mapping[str, str], allow: Iterable[str]) -> dict[str, str]:
@@ -84,131 +88,6 @@ def _agent_account() -> dict[str, str]:
     except KeyError:  # a uid with no entry (a container's): nothing to say
         return {}
     return {"HOME": pw.pw_dir, "USER": pw.pw_name, "LOGNAME": pw.pw_name}
-
-
-def log_tail(path: Path, max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LINES) -> str:
-    """The last lines of a log file, or "" when it does not exist."""
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(data.splitlines()[-max_lines:])
-
-
-@dataclass(frozen=True)
-class Notice:
-    """What a preempted attempt's ranks are told before they are torn down."""
-
-    signal: signal.Signals
-    grace_s: float
-    reason: str = "preempted"
-
-    @classmethod
-    def of(cls, order: KillOrder) -> Notice | None:
-        if order.notice_signal is None:
-            return None
-        return cls(notice.parse_signal(order.notice_signal), order.notice_grace_s, order.reason)
-
-
-def notice_file(log_dir: str | Path, node: str) -> Path:
-    """Where a node's ranks of an attempt find their notice (in the attempt's log dir)."""
-    return Path(log_dir) / f"notice-{node}.json"
-
-
-def ignore_notice_signal(sig: signal.Signals) -> None:
-    """Ignore ``sig`` in this process (the agent's main thread, before it starts anything),
-    so that every process it starts inherits SIG_IGN for it."""
-    signal.signal(sig, signal.SIG_IGN)
-
-
-@dataclass
-class AgentRank:
-    """One rank of an attempt as its agent reports it (:meth:`report`). The launcher's ranks
-    are :class:`RankProcess`; :class:`trainpod.testing.FakeAgent` extends this class too, so
-    a fake's reports cannot drift from the real agent's."""
-
-    rank: int
-    local_rank: int
-    started_at: float | None = None
-    ended_at: float | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    delivered: bool = False  # the controller has acknowledged this rank's exit
-
-    @property
-    def running(self) -> bool:
-        return self.ended_at is None
-
-    def _pid(self) -> int | None:
-        return None
-
-    def _log_tail(self) -> str:
-        """The end of the rank's log; read only for a rank that failed."""
-        return ""
-
-    def report(self) -> RankReport:
-        failed = not self.running and (self.exit_code != 0 or self.signal is not None)
-        return RankReport(
-            rank=self.rank,
-            local_rank=self.local_rank,
-            pid=self._pid(),
-            state="running" if self.running else "exited",
-            exit_code=self.exit_code,
-            signal=self.signal,
-            started_at=self.started_at,
-            ended_at=self.ended_at,
-            log_tail=self._log_tail() if failed else "",
-        )
-
-
-KEEP_FOR_RECOVERY_S = 120.0
-"""How long a failed in-process run is kept for its recover order (past the controller's
-60 s ``in_process_deadline_s``, after which it gives the recovery up)."""
-
-
-@dataclass
-class RankProcess(AgentRank):
-    log_path: Path = field(kw_only=True)
-    proc: subprocess.Popen[bytes] | WarmProcess | None = None
-    again: dict[str, str] = field(default_factory=dict, kw_only=True)
-    """The variables of a rank started anew in its attempt (the new group's, ADR 0026)."""
-
-    def _pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    def _log_tail(self) -> str:
-        return log_tail(self.log_path)
-
-
-@dataclass
-class AttemptRun:
-    order: LaunchOrder
-    ranks: list[RankProcess] = field(default_factory=list)
-    killing: bool = False
-    generation: int = 0  # the newest in-process recovery applied to it (ADR 0026)
-    starting: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    """Held while ranks of the run are being started (its launch, a recovery's restarts):
-    one after another, in the order they were asked for."""
-    kept_until: float | None = None
-    """An in-process job's run whose every rank here failed is kept this long after its
-    exits were delivered, for the recover order that starts them again (ADR 0035)."""
-
-    @property
-    def awaits_recovery(self) -> bool:
-        """Opted in, not stopped by trainpod, and a rank here failed: the controller may
-        start it again in the same attempt (a node with one rank has no other to keep the
-        run alive meanwhile)."""
-        opted = self.order.env.get(elastic_protocol.ENV_RECOVERY) == elastic_protocol.IN_PROCESS
-        failed = any(r.exit_code not in (0, None) or r.signal is not None for r in self.ranks)
-        return opted and failed and not self.killing
-
-    @property
-    def running(self) -> bool:
-        return any(r.running for r in self.ranks)
 
 
 class Launcher:
@@ -285,7 +164,7 @@ class Launcher:
         Path(order.log_dir).mkdir(parents=True, exist_ok=True)
         if said:  # the first line of each rank's log says what was filled in
             for rp in run.ranks:
-                with _open_log(rp.log_path, private=order.account is not None) as out:
+                with open_log(rp.log_path, private=order.account is not None) as out:
                     out.write(f"trainpod: {said}\n".encode())
         with run.starting:
             for rp in run.ranks:
@@ -305,7 +184,7 @@ class Launcher:
             late = (run.killing or self._closing) and rp.running and rp.proc is not None
         if late:
             log.info("rank %d started as its attempt was stopped: killed", rp.rank)
-            _signal_group(rp, signal.SIGKILL)
+            signal_group(rp, signal.SIGKILL)
 
     def _spawn(self, order: LaunchOrder, rp: RankProcess) -> None:
         job_env = {**order.env, **self._node_env, **rp.again}
@@ -324,7 +203,7 @@ class Launcher:
             job_env[elastic_protocol.ENV_FILE] = str(elastic_protocol.recover_file(scratch))
         env = {**self._inherited, **_agent_account(), **job_env}
         rp.started_at = time.time()
-        with _open_log(rp.log_path, private=order.account is not None) as out:
+        with open_log(rp.log_path, private=order.account is not None) as out:
             try:
                 scratch.mkdir(parents=True, exist_ok=True)
                 if order.account is not None:  # the owner's account: cold, with its env only
@@ -474,7 +353,7 @@ class Launcher:
     def _ended(self, rp: RankProcess, *, timeout_s: float, again: dict[str, str]) -> bool:
         """Make ``rp`` (killed first if it still runs) ready to start anew with ``again``."""
         if rp.running and rp.proc is not None:
-            _signal_group(rp, signal.SIGKILL)
+            signal_group(rp, signal.SIGKILL)
 
         def gone() -> bool:
             return not rp.running
@@ -515,7 +394,7 @@ class Launcher:
         body = {"signal": n.signal.name, "grace_s": n.grace_s, "reason": n.reason}
         try:
             owner = run_as(run.order.account) if run.order.account is not None else None
-            _write_notice(path, json.dumps({**body, "at": time.time()}).encode(), owner)
+            write_notice(path, json.dumps({**body, "at": time.time()}).encode(), owner)
         except (OSError, AccountError) as exc:
             what = f"attempt {run.order.attempt_id}"
             log.warning("%s: cannot write the notice file %s: %s", what, path, exc)
@@ -529,7 +408,7 @@ class Launcher:
             n.grace_s,
         )
         for r in live:
-            _signal_group(r, n.signal)
+            signal_group(r, n.signal)
         with self._exited:
             self._exited.wait_for(lambda: not run.running, timeout=n.grace_s)
 
@@ -557,12 +436,12 @@ class Launcher:
             try:
                 leaders.append(procutil.Owned(r.proc))  # waits via the Popen, never reaps it
             except psutil.NoSuchProcess:
-                _signal_group(r, signal.SIGKILL)  # the rank is gone: stop what it left behind
+                signal_group(r, signal.SIGKILL)  # the rank is gone: stop what it left behind
         # Each rank leads its own process group. Every group is SIGKILLed after the grace, also
         # those whose rank has exited, which stops children that outlived their rank; the
         # watchers see the exits, so nothing waits after that.
         procutil.terminate(
-            leaders, grace_s=grace_s, kill_wait_s=0.0, groups=True, before_signal=_note_signal
+            leaders, grace_s=grace_s, kill_wait_s=0.0, groups=True, before_signal=note_signal
         )
 
     def signal_rank(self, rank: int | None, sig: signal.Signals) -> int | None:
@@ -578,7 +457,7 @@ class Launcher:
             ]
         if not live:
             return None
-        _signal_group(live[0], sig)
+        signal_group(live[0], sig)
         return live[0].rank
 
     def kill_everything(self) -> None:
@@ -591,7 +470,7 @@ class Launcher:
                 if r.running and r.proc is not None
             ]
         for r in live:
-            _signal_group(r, signal.SIGKILL)
+            signal_group(r, signal.SIGKILL)
 
     def shutdown(self, grace_s: float) -> None:
         """Stop every attempt and wait for the ranks to end (agent exit)."""
@@ -683,45 +562,3 @@ class Launcher:
                 for r in run.ranks
                 if r.proc is not None and r.running
             ]
-
-
-def _open_log(path: Path, *, private: bool) -> BinaryIO:
-    """A rank's log, appended to. ``private`` (a rank of an account): made 0600, the agent's,
-    so no other account on the node reads it; the rank writes it through the descriptor it
-    inherits, the agent and the controller read it."""
-    if not private:
-        return path.open("ab")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-    os.fchmod(fd, 0o600)  # one left by an earlier agent keeps no wider mode
-    return os.fdopen(fd, "ab")
-
-
-def _write_notice(path: Path, data: bytes, owner: RunAs | None) -> None:
-    """Write a notice file whole or not at all (tmp + rename), as the agent: with an
-    ``owner``, in a directory that account owns, so the tmp file is made afresh
-    (``O_EXCL | O_NOFOLLOW``: never through a link the account left) and given to it, 0600."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        if owner is not None:
-            os.fchown(fd, owner.uid, owner.gid)
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    tmp.replace(path)  # a rank never reads half a notice
-
-
-def _note_signal(p: psutil.Process, sig: int) -> None:
-    if isinstance(p, procutil.Owned) and isinstance(p.owner, WarmProcess):
-        p.owner.note_signal(sig)
-
-
-def _signal_group(r: RankProcess, sig: signal.Signals) -> None:
-    assert r.proc is not None
-    if isinstance(r.proc, WarmProcess):
-        r.proc.note_signal(sig)
-    try:
-        os.killpg(r.proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

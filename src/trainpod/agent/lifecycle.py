@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainpod import procutil
-from trainpod.agent.launcher import log_tail
+from trainpod.agent.ranks import log_tail
 from trainpod.api.models import LifecycleResult, LifecycleStatus
 
 KILL_GRACE_S = 5.0

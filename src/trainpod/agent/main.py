@@ -21,10 +21,11 @@ from trainpod.agent.checks import build_checks
 from trainpod.agent.devices import DeviceTelemetry, device_reader
 from trainpod.agent.facts import device_facts, node_facts
 from trainpod.agent.jobsockets import AccountSockets
-from trainpod.agent.launcher import Launcher, Notice, ignore_notice_signal, inheritance
+from trainpod.agent.launcher import Launcher, inheritance
 from trainpod.agent.lifecycle import LifecycleRunner, Script
 from trainpod.agent.monitor import DeepChecker, HealthMonitor, deep_runner
 from trainpod.agent.persisters import CheckpointHub
+from trainpod.agent.ranks import Notice, ignore_notice_signal
 from trainpod.agent.slurmnotice import ENV as SLURM_NOTICE_ENV
 from trainpod.agent.slurmnotice import SlurmNoticeWatch, ask_slurm
 from trainpod.agent.tensorboard import TensorBoardTap

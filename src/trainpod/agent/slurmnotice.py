@@ -52,7 +52,8 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 
-from trainpod.agent.launcher import Launcher, Notice
+from trainpod.agent.launcher import Launcher
+from trainpod.agent.ranks import Notice
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from trainpod.agent.beacons import BeaconBook, rank_beacon
 from trainpod.agent.devices import DeviceTelemetry
-from trainpod.agent.launcher import AgentRank
+from trainpod.agent.ranks import AgentRank
 from trainpod.api.devices import DeviceSample
 from trainpod.api.models import (
     FORGOTTEN_MAX,
