@@ -336,3 +336,71 @@ def test_a_beacon_read_before_the_new_process_report_does_not_lose_the_rank(make
     assert [r.state for r in info.attempts[0].ranks] == ["running"] * 4
     assert len(c.events("in_process_recovery_done", job_id=job)) == 1
     assert info.attempts[0].generation_confirmed
+
+
+def _lost(c: HealingCluster, attempt: int, ranks: dict[int, str], generation: int = 0) -> None:
+    """``ranks`` (rank -> node) say they lost ``generation``'s group, as elastic.run does
+    once a collective fails or times out."""
+    for r, node in ranks.items():
+        c.agents[node].progress(attempt, r, 10, lost_generation=generation)
+
+
+def test_a_stuck_rank_is_replaced_once_its_peers_say_they_lost_their_group(make: Make) -> None:
+    c = make()  # the default hang timeout (minutes): the peers' word is what starts it
+    job, attempt = _opted_in(c)
+    for agent in c.agents.values():
+        for r in agent.running_ranks(attempt):
+            agent.progress(attempt, r, 10, generation=0, collective_timeout_s=2.0)
+    c.tick(2.5)  # rank 3 is stuck (alive, silent); the others' collective times out
+    _lost(c, attempt, {0: "workers-0", 1: "workers-0", 2: "workers-1"})
+    c.tick(0.1)
+    assert c.events("in_process_recovery_started", job_id=job) == []  # the others may follow
+    c.tick(c.cfg.heartbeat_interval_s + 1)
+    (started,) = c.events("in_process_recovery_started", job_id=job)
+    assert (started.data["generation"], started.data["rank"], started.data["replaced"]) == (
+        1,
+        3,
+        [3],
+    )
+    assert "rank 3 stayed silent while the others lost their group" in started.data["reason"]
+    a1 = c.agents["workers-1"]
+    orders = a1.beat()
+    (rec,) = orders.recover
+    assert rec.respawn == [3]  # its agent kills the stuck process and starts it again
+    old = a1.pid(attempt, 3)
+    a1.set_pid(attempt, 3, old + 1000)  # the new process, reported while its row ran
+    a1.beat()
+    assert _pids(c, job)[3] == old + 1000
+    _joined(c, attempt, 1)
+    (done,) = c.events("in_process_recovery_done", job_id=job)
+    assert done.data["generation"] == 1 and done.data["duration_s"] > 2.5
+    c.finish(job)
+    info = c.job(job)
+    assert info.state == "completed" and len(info.attempts) == 1
+
+
+def test_silent_ranks_on_a_node_gone_quiet_move_to_the_spare_not_restart_in_place(
+    make: Make,
+) -> None:
+    """workers-1 died with its ranks: the others lost their group at once. Its ranks are not
+    replaced in place (a recover order to a dead agent); the liveness watchdog declares the
+    node lost and they move to the spare."""
+    c = make()
+    job, attempt = _opted_in(c)
+    _lost(c, attempt, {0: "workers-0", 1: "workers-0"})
+    c.tick(c.cfg.heartbeat_interval_s + 1, "workers-0", "spares-0")
+    assert c.events("in_process_recovery_started", job_id=job) == []
+    c.tick(c.cfg.heartbeat_timeout_s + 1, "workers-0", "spares-0")
+    (started,) = c.events("in_process_recovery_started", job_id=job)
+    assert (started.data["replaced"], started.data["moved"]) == ([2, 3], {"workers-1": "spares-0"})
+
+
+def test_without_a_collective_timeout_a_hang_restarts_the_job_as_before(make: Make) -> None:
+    c = make(hang_timeout_s=3.0)
+    job, _ = _opted_in(c)
+    c.report(job, 1)
+    c.tick(5)
+    info = c.job(job)
+    assert info.attempts[0].cause == "hang"
+    (gave_up,) = c.events("in_process_recovery_abandoned", job_id=job)
+    assert "report no collective timeout" in gave_up.data["reason"]
