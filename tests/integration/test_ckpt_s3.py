@@ -137,9 +137,9 @@ def _flip(data: bytes) -> bytes:
 @pytest.mark.parametrize(
     ("name", "damage", "why"),
     [
-        ("__0_0.distcp", _flip, "__0_0.distcp: sha256 mismatch (corrupt)"),
+        ("__0_0.distcp", _flip, "__0_0.distcp: crc32c mismatch (corrupt)"),
         ("__0_0.distcp", lambda d: d[:100], "__0_0.distcp: 100 bytes, manifest says"),
-        (".metadata", _flip, ".metadata: sha256 mismatch (corrupt)"),
+        (".metadata", _flip, ".metadata: crc32c mismatch (corrupt)"),
         ("manifest.json", lambda d: d[: len(d) // 2], "malformed manifest"),
         ("manifest.json", None, "no manifest (torn or in flight)"),
     ],

@@ -169,7 +169,7 @@ def test_resume_falls_back_past_a_corrupt_checkpoint(
     (resume,) = _resume_lines(out)
     assert resume.startswith("resuming from step 3 (tier durable, "), out
     reasons = [line for line in out.splitlines() if line.startswith("  fell back: ")]
-    assert any("step 6" in r and "sha256 mismatch" in r for r in reasons), out
+    assert any("step 6" in r and "crc32c mismatch" in r for r in reasons), out
     said = parse_resume(out.splitlines())
     assert said is not None and said.step == 3 and len(said.fell_back) == len(reasons)
     assert "step 4/9 loss" in out and "done: steps=9 " in out

@@ -92,7 +92,7 @@ def test_flipped_bytes_in_two_tiers_fall_back_to_durable(saved: Path) -> None:
     flip_byte(dirs["scratch"] / "__0_0.distcp")
     step, tier, reasons, state = load(saved)
     assert (step, tier) == (2, "memory+durable") and state["extra"] == {"epoch": 2}
-    assert sum("sha256 mismatch" in r for r in reasons) == 2, reasons
+    assert sum("crc32c mismatch" in r for r in reasons) == 2, reasons
 
 
 def test_missing_shard_and_bad_metadata_everywhere_fall_back_to_the_previous_step(
@@ -107,7 +107,7 @@ def test_missing_shard_and_bad_metadata_everywhere_fall_back_to_the_previous_ste
     assert (step, tier) == (1, "memory")
     assert torch.equal(state["model"].weight, torch.full((8, 16), 1.0))
     text = "\n".join(reasons)
-    for why in ("missing", "sha256 mismatch", "truncated", "no intact copy of __0_0.distcp"):
+    for why in ("missing", "crc32c mismatch", "truncated", "no intact copy of __0_0.distcp"):
         assert why in text, text
 
 

@@ -4,7 +4,6 @@ process's protocol, and the agent's hand-off hub (spawn, status, reports, clean-
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ import pytest
 from trainpod.agent.agent import memory_to_release
 from trainpod.agent.persisters import CheckpointHub, scratch_kept_because, sweep_memory_tiers
 from trainpod.ckpt.handoff import AgentLink, PersistStatus, TierConfig
-from trainpod.ckpt.manifest import METADATA, FileEntry, Manifest
+from trainpod.ckpt.manifest import METADATA, FileEntry, Manifest, digest_of
 from trainpod.ckpt.parts import part_path
 from trainpod.ckpt.persist import Persister
 from trainpod.ckpt.persistwire import Request, StatusReport, parse_line, parse_request
@@ -34,7 +33,7 @@ NODES = ("n0", "n1")
 
 
 def _entry(name: str, data: bytes, rank: int | None, node: str) -> FileEntry:
-    return FileEntry(name, len(data), hashlib.sha256(data).hexdigest(), rank, node)
+    return FileEntry(name, len(data), digest_of(data), rank, node)
 
 
 def make_memory(

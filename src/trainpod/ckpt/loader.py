@@ -68,15 +68,15 @@ def _intact(tier: Tier, loc: Location, manifest: Manifest, name: str, verify: bo
     assert entry is not None
     try:
         with tier.open(loc, name) as f:
-            size, digest = hash_stream(f) if verify else (f.seek(0, 2), entry.sha256)
+            size, digest = hash_stream(f, entry.algo) if verify else (f.seek(0, 2), entry.digest)
     except FileNotFoundError:
         return f"{name}: missing"
     except Exception as exc:  # an unreachable store, a permission error
         return f"{name}: {type(exc).__name__}: {exc}"
     if size != entry.size:
         return f"{name}: {size} bytes, manifest says {entry.size} (truncated or torn)"
-    if digest != entry.sha256:
-        return f"{name}: sha256 mismatch (corrupt)"
+    if digest != entry.digest:
+        return f"{name}: {entry.algo} mismatch (corrupt)"
     return None
 
 

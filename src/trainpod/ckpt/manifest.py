@@ -2,9 +2,15 @@
 
 A checkpoint directory holds PyTorch DCP files (``__<rank>_<n>.distcp`` and ``.metadata``)
 and, once committed, ``manifest.json``: the step, the world size and nodes, and for every
-file its size, SHA-256 and the rank/node that wrote it. The manifest is written last, with
+file its size, checksum and the rank/node that wrote it. The manifest is written last, with
 tmp + fsync + rename (local) or one whole-object put (object stores), so a directory
 without a manifest is torn or in progress and is never loaded.
+
+The checksum is CRC-32C (:data:`HASH`, in C with the CPU's CRC instruction: ~3.6 GiB/s
+here against SHA-256's ~1.1, reading from shared memory; it guards against torn, truncated
+and corrupted files, which is what it is for: whoever can write a checkpoint can write its
+manifest too, so a cryptographic hash would buy nothing). Manifests of format
+``trainpod-ckpt/1`` (SHA-256) are still read and verified.
 """
 
 from __future__ import annotations
@@ -19,9 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import google_crc32c
+
 from trainpod.ckpt.errors import ManifestError
 
-FORMAT = "trainpod-ckpt/1"
+FORMAT = "trainpod-ckpt/2"
+FORMAT_SHA256 = "trainpod-ckpt/1"
+"""The first format: every file's SHA-256 (read, never written)."""
+HASH = "crc32c"
 MANIFEST = "manifest.json"
 METADATA = ".metadata"
 """DCP's global metadata file name (``torch.distributed.checkpoint.filesystem._metadata_fn``)."""
@@ -34,9 +45,11 @@ class FileEntry:
 
     name: str
     size: int
-    sha256: str
+    digest: str
+    """The file's checksum in hex, by :attr:`algo`."""
     rank: int | None
     node: str
+    algo: str = HASH
 
 
 @dataclass(frozen=True)
@@ -65,8 +78,18 @@ class Manifest:
         return sum(f.size for f in self.files)
 
     def to_json(self) -> bytes:
+        # In the format its checksums are of: a checkpoint of format 1 copied to another
+        # tier keeps its bytes (every node's copy of a manifest must be the same).
+        algos = {f.algo for f in self.files} or {HASH}
+        if algos == {HASH}:
+            head: dict[str, Any] = {"format": FORMAT, "hash": HASH}
+            key = "digest"
+        elif algos == {"sha256"}:
+            head, key = {"format": FORMAT_SHA256}, "sha256"
+        else:
+            raise ManifestError(f"a manifest's files have one checksum, not {sorted(algos)}")
         body: dict[str, Any] = {
-            "format": FORMAT,
+            **head,
             "step": self.step,
             "world_size": self.world_size,
             "nodes": list(self.nodes),
@@ -74,7 +97,7 @@ class Manifest:
             "attempt": self.attempt,
             "created": self.created,
             "files": [
-                {"name": f.name, "size": f.size, "sha256": f.sha256, "rank": f.rank, "node": f.node}
+                {"name": f.name, "size": f.size, key: f.digest, "rank": f.rank, "node": f.node}
                 for f in self.files
             ],
         }
@@ -85,15 +108,23 @@ class Manifest:
         """Parse a manifest. Raises :class:`ManifestError` on anything malformed."""
         try:
             body = json.loads(data)
-            if body.get("format") != FORMAT:
-                raise ManifestError(f"unknown manifest format {body.get('format')!r}")
+            fmt = body.get("format")
+            if fmt == FORMAT:
+                algo, key = str(body["hash"]), "digest"
+                if algo != HASH:
+                    raise ManifestError(f"unknown checksum {algo!r} (this version knows {HASH})")
+            elif fmt == FORMAT_SHA256:
+                algo, key = "sha256", "sha256"
+            else:
+                raise ManifestError(f"unknown manifest format {fmt!r}")
             files = tuple(
                 FileEntry(
                     name=str(f["name"]),
                     size=int(f["size"]),
-                    sha256=str(f["sha256"]),
+                    digest=str(f[key]),
                     rank=None if f["rank"] is None else int(f["rank"]),
                     node=str(f["node"]),
+                    algo=algo,
                 )
                 for f in body["files"]
             )
@@ -115,14 +146,27 @@ class Manifest:
         return m
 
 
-def hash_stream(stream: IO[bytes]) -> tuple[int, str]:
-    """(size, sha256 hex) of a readable binary stream, read in 8 MiB chunks (GIL released)."""
-    h = hashlib.sha256()
+def hash_stream(stream: IO[bytes], algo: str = HASH) -> tuple[int, str]:
+    """(size, checksum hex by ``algo``) of a readable binary stream, read in 8 MiB chunks."""
     size = 0
+    if algo == HASH:
+        crc = 0
+        while chunk := stream.read(CHUNK):
+            crc = google_crc32c.extend(crc, chunk)
+            size += len(chunk)
+        return size, f"{crc:08x}"
+    if algo != "sha256":
+        raise ManifestError(f"unknown checksum {algo!r}")
+    h = hashlib.sha256()
     while chunk := stream.read(CHUNK):
         h.update(chunk)
         size += len(chunk)
     return size, h.hexdigest()
+
+
+def digest_of(data: bytes) -> str:
+    """The checksum (:data:`HASH`) of ``data``, in hex."""
+    return f"{google_crc32c.value(data):08x}"
 
 
 def hash_file(path: Path) -> tuple[int, str]:

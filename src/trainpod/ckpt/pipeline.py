@@ -21,7 +21,6 @@ all ranks stay in step. Public methods are thread-safe.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
 import threading
@@ -38,6 +37,7 @@ from trainpod.ckpt.manifest import (
     METADATA,
     FileEntry,
     Manifest,
+    digest_of,
     entries,
     rank_files,
     write_atomic,
@@ -348,8 +348,7 @@ class Pipeline:
             meta = parts[0][2]
             assert meta is not None
             files = [e for p in parts for e in p[1]]
-            digest = hashlib.sha256(meta).hexdigest()
-            files.append(FileEntry(METADATA, len(meta), digest, None, parts[0][3]))
+            files.append(FileEntry(METADATA, len(meta), digest_of(meta), None, parts[0][3]))
             # One creation time (rank 0's): every node's manifest has the same bytes, which
             # the agents' decentralised durable commit relies on.
             manifest = Manifest(
