@@ -119,8 +119,12 @@ def test_a_script_that_ignores_the_notice_gets_the_grace_then_sigterm(
     try:
         done = run_and_preempt(cluster, "--ignore", grace_s=1, cli=True)
         job_id = done.id
-        # Not killed by the notice (ranks start with it ignored): by teardown's SIGTERM.
-        assert [r.signal for r in done.attempts[0].ranks] == [signal.SIGTERM] * 2
+        # Not killed by the notice (ranks start with it ignored): by teardown's SIGTERM. Each
+        # node's agent sends its own; a rank whose peer died first may end on the broken
+        # collective before its SIGTERM comes (seen on a loaded box: exit 1, 45 ms before).
+        ended = [(r.signal, r.exit_code) for r in done.attempts[0].ranks]
+        assert (signal.SIGTERM, None) in ended, ended
+        assert all(sig in (signal.SIGTERM, None) and code != 0 for sig, code in ended), ended
         for rank in (0, 1):
             assert (
                 "notice signal ignored at start: True"
