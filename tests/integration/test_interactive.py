@@ -270,9 +270,14 @@ def test_an_allocation_that_ends_under_its_shell_closes_it(
     term = open_terminal(terminals, cluster, "alloc", "-N", "2", "--shell", SHELL)
     term.prompt()
     job_id = int(term.probe()["job"])
-    (attempt,) = cluster.client.job(job_id).attempts
-    pid = next(r.pid for r in attempt.ranks if r.node == attempt.nodes[1])
-    assert pid is not None
+
+    def second_hold() -> int | None:
+        # A rank is reported running before its process exists (its start runs off the
+        # agent's heartbeat); its pid follows with a later report.
+        (attempt,) = cluster.client.job(job_id).attempts
+        return next(r.pid for r in attempt.ranks if r.node == attempt.nodes[1])
+
+    pid = wait_until(second_hold, timeout_s=60, what="the second node's hold to have a pid")
     os.kill(pid, signal.SIGKILL)  # the second node's hold dies: the allocation fails
     term.expect(rf"allocation {job_id} ended: allocation {job_id} has ended \(failed")
     assert term.exit_code() != 0
