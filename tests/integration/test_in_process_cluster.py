@@ -26,16 +26,21 @@ def _results(out: Path) -> dict[int, dict[str, Any]]:
     return {r: json.loads((out / f"rank-{r}.json").read_text()) for r in range(4)}
 
 
-@pytest.mark.timeout(300)
-def test_a_killed_rank_is_recovered_in_process(cluster: Cluster, tmp_path: Path) -> None:
+def _undisturbed(cluster: Cluster, tmp_path: Path) -> dict[int, dict[str, Any]]:
+    """The same job run without a fault: what a recovered run must end with, bit for bit."""
     reference = tmp_path / "reference"
     reference.mkdir()
     argv = ["python", str(WORKER), "--steps", str(STEPS), "--out", str(reference)]
     ref_job = cluster.submit(argv, nodes=2, procs_per_node=2)
     done = cluster.wait_job(ref_job.id, timeout_s=120)
     assert done.state == "completed", cluster.describe(done)
-    undisturbed = _results(reference)
     cluster.wait_idle()
+    return _results(reference)
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_rank_is_recovered_in_process(cluster: Cluster, tmp_path: Path) -> None:
+    undisturbed = _undisturbed(cluster, tmp_path)
 
     out = tmp_path / "out"
     out.mkdir()
@@ -92,14 +97,7 @@ def test_a_hung_rank_is_replaced_in_process(cluster: Cluster, tmp_path: Path) ->
     in the same attempt, and the model is the undisturbed run's. The job's hang timeout is
     the default (minutes): the peers' word, after their 2 s collective timeout, is what
     starts the recovery."""
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    argv = ["python", str(WORKER), "--steps", str(STEPS), "--out", str(reference)]
-    ref_job = cluster.submit(argv, nodes=2, procs_per_node=2)
-    done = cluster.wait_job(ref_job.id, timeout_s=120)
-    assert done.state == "completed", cluster.describe(done)
-    undisturbed = _results(reference)
-    cluster.wait_idle()
+    undisturbed = _undisturbed(cluster, tmp_path)
 
     out = tmp_path / "out"
     out.mkdir()
