@@ -97,7 +97,7 @@ class Checkpointer:
         peer: copy each node's part to the next node's scratch when there are several nodes.
         storage_options: passed to fsspec for the durable URL.
         bandwidth_bps: cap on bytes/s copied to peer and durable tiers (None: unlimited).
-        verify: check SHA-256 of every file read at load (a size check only when False).
+        verify: check the checksum of every file read at load (a size check only when False).
         tiers: replace the default tiers (first = node-local primary written by DCP).
         on_event: ``(event, step)`` hook called from the background threads.
         timeout_s: timeout of the checkpointer's process groups.

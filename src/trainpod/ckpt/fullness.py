@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainpod.ckpt.tiers import FsTier, PeerTier, Tier
+from trainpod.ckpt.writefs import prepared_bytes
 
 UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
 """The errnos that send a save to the next tier."""
@@ -111,11 +112,17 @@ def unwritable(tier: FsTier, exc: BaseException | None, needed: int) -> Full | N
     if reason is None and free is not None:
         if exc is not None and free < LOW_FREE:
             reason = f"ENOSPC: the write failed with {free} bytes left ({type(exc).__name__})"
-        elif exc is None and free < needed:
+        elif exc is None and free + _prepared(tier) < needed:
             reason = "ENOSPC: not enough free space (checked before writing)"
     if reason is None:
         return None
     return Full(tier.name, root, reason, needed, free)
+
+
+def _prepared(tier: FsTier) -> int:
+    """Bytes the tier holds allocated for the next step's files: free for this write."""
+    d = tier.prepared_dir()
+    return 0 if d is None else prepared_bytes(d)
 
 
 def fallbacks(tiers: Sequence[Tier]) -> list[FsTier]:

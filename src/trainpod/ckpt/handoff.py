@@ -219,7 +219,11 @@ def build_tiers(cfg: TierConfig) -> list[Tier]:
 
     tiers: list[Tier] = []
     if cfg.memory is not None:
-        tiers.append(FsTier("memory", cfg.memory, node=cfg.node, keep=keep("memory"), sync=False))
+        tiers.append(
+            FsTier(
+                "memory", cfg.memory, node=cfg.node, keep=keep("memory"), sync=False, prealloc=True
+            )
+        )
     if cfg.scratch is not None:
         tiers.append(FsTier("scratch", cfg.scratch, node=cfg.node, keep=keep("scratch")))
     if cfg.peer_holder is not None:

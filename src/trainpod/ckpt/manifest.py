@@ -20,7 +20,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -175,12 +175,25 @@ def hash_file(path: Path) -> tuple[int, str]:
 
 
 def entries(
-    directory: Path, names: Iterable[str], *, rank: int | None, node: str
+    directory: Path,
+    names: Iterable[str],
+    *,
+    rank: int | None,
+    node: str,
+    known: Mapping[str, tuple[int, str]] | None = None,
 ) -> list[FileEntry]:
-    """Hash the named files of ``directory`` into entries. Raises OSError if one is missing."""
+    """Hash the named files of ``directory`` into entries. Raises OSError if one is missing.
+
+    ``known``: (size, checksum) of files computed as they were written; such a file is not
+    read back, only its size checked (a mismatch: it is read back)."""
     out = []
     for name in sorted(names):
-        size, digest = hash_file(directory / name)
+        path = directory / name
+        got = (known or {}).get(name)
+        if got is not None and path.stat().st_size == got[0]:
+            size, digest = got
+        else:
+            size, digest = hash_file(path)
         out.append(FileEntry(name, size, digest, rank, node))
     return out
 

@@ -46,6 +46,7 @@ from trainpod.ckpt.placing import Placed, place
 from trainpod.ckpt.records import Ctx, EventHook, Progress, Snapshot
 from trainpod.ckpt.skips import SkipTally
 from trainpod.ckpt.tiers import FsTier, Meter, Tier
+from trainpod.ckpt.writefs import prepare
 
 log = logging.getLogger(__name__)
 
@@ -333,7 +334,13 @@ class Pipeline:
         if err is None:
             self._event("written", step)
             try:
-                mine = entries(d, rank_files(d, ctx.rank), rank=ctx.rank, node=ctx.node)
+                mine = entries(
+                    d,
+                    rank_files(d, ctx.rank),
+                    rank=ctx.rank,
+                    node=ctx.node,
+                    known=placed.written,
+                )
                 if ctx.rank == 0:
                     meta = (d / METADATA).read_bytes()
             except OSError as exc:
@@ -398,6 +405,15 @@ class Pipeline:
                 tier.prune(tier.keep, protect | {step})
             except OSError as exc:
                 log.warning("rank %d: pruning %s: %s", ctx.rank, tier.name, exc)
+        self._prepare(tier, mine)
+
+    def _prepare(self, tier: FsTier, mine: list[FileEntry]) -> None:
+        """Allocate this rank's files for the next step in the tier just written (if it
+        preallocates: :mod:`trainpod.ckpt.writefs`), unless a snapshot already waits."""
+        prepared = tier.prepared_dir()
+        if prepared is None or not self._q.empty():
+            return
+        prepare(prepared, {e.name: e.size for e in mine})
 
     def _committed_event(
         self, tier: Tier, step: int, skipped: int = 0, *, written: bool = False

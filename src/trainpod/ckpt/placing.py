@@ -34,18 +34,29 @@ class Placed:
     """None: every rank's files of the step are in ``tier``."""
     full: list[tuple[str, Full]] = field(default_factory=list)
     """(node, tier it found full or unwritable), in the order tried."""
+    written: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """This rank's files whose (size, checksum) the write computed (no read-back needed)."""
+    reused: int = 0
+    """How many of them were written over files prepared for them (:mod:`.writefs`)."""
 
     def mine(self, node: str) -> list[Full]:
         return [f for n, f in self.full if n == node]
 
 
-def _dcp_save(staged: dict[str, Any], d: Path, tier: FsTier, coll: Coll) -> None:
+def _dcp_save(staged: dict[str, Any], d: Path, tier: FsTier, coll: Coll, placed: Placed) -> None:
+    """``dcp.save`` through :func:`~trainpod.ckpt.writefs.tier_filesystem`: checksums as it
+    writes, into the tier's prepared files where it has them."""
     import torch.distributed.checkpoint as dcp
+
+    from trainpod.ckpt.writefs import tier_filesystem
 
     d.mkdir(parents=True, exist_ok=True)
     writer = dcp.FileSystemWriter(d, sync_files=tier.sync)
+    fs = tier_filesystem(tier.prepared_dir())
+    writer.fs = fs
     group = coll.bound()
     dcp.save(staged, storage_writer=writer, process_group=group, no_dist=group is None)
+    placed.written, placed.reused = dict(fs.written), fs.reused
 
 
 def place(
@@ -58,7 +69,7 @@ def place(
 
     placed = Placed(targets[0])
     for tier in targets:
-        placed.tier = tier
+        placed.tier, placed.written, placed.reused = tier, {}, 0
         d = Path(tier.step_dir(step))
         err: str | None = None
         full: Full | None = None
@@ -75,7 +86,7 @@ def place(
                 placed.error = "; ".join(errors)
                 return placed
             try:
-                _dcp_save(staged, d, tier, coll)
+                _dcp_save(staged, d, tier, coll, placed)
             except (Exception, CheckpointException) as exc:
                 err = f"dcp.save into {tier.name}: {str(exc)[:500]}"
                 full = unwritable(tier, exc, needed)  # before the partial files go

@@ -34,6 +34,7 @@ from fsspec import AbstractFileSystem  # type: ignore[import-untyped]  # no type
 from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
 from trainpod.ckpt.manifest import CHUNK, MANIFEST, Manifest, write_atomic
+from trainpod.ckpt.writefs import PREPARED
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -164,10 +165,13 @@ class FsTier(Tier):
         sync: bool = True,
         throttled: bool = False,
         retry: bool = False,
+        prealloc: bool = False,
     ) -> None:
         """``node`` set makes the tier node-scoped (it holds that node's part).
 
-        ``sync`` fsyncs copied files and the manifest (off for tmpfs).
+        ``sync`` fsyncs copied files and the manifest (off for tmpfs). ``prealloc``: the
+        writer allocates each rank's files for the next step after a commit
+        (:mod:`trainpod.ckpt.writefs`; local tiers only).
         """
         self.name = name
         self.fs: AbstractFileSystem = fs if fs is not None else LocalFileSystem()
@@ -184,6 +188,7 @@ class FsTier(Tier):
         self.sync = sync
         self.throttled = throttled
         self.retry = retry
+        self.prealloc = prealloc and self.local
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, {self.root!r})"
@@ -193,6 +198,10 @@ class FsTier(Tier):
 
     def write_root(self) -> str:
         return self.root
+
+    def prepared_dir(self) -> Path | None:
+        """Where the files allocated for the next step wait (None: this tier has none)."""
+        return Path(self.write_root()) / PREPARED if self.prealloc else None
 
     # writing ----------------------------------------------------------------------------
     def put(self, step: int, src: Path, names: Sequence[str], meter: Meter) -> None:

@@ -1,0 +1,119 @@
+"""The memory tier's write path (ADR 0048): each file's checksum comes from the bytes as
+they are written, and a step's files are written over files allocated for them after the
+previous commit; a file some reader still holds (the persister's hard link) is never one of
+them. The fullness check counts prepared files as free space."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from tests.unit.test_ckpt_tier_full import checkpointer, clean_env, shm
+
+from trainpod.ckpt import Checkpointer
+from trainpod.ckpt.manifest import MANIFEST, Manifest, digest_of, hash_file
+from trainpod.ckpt.writefs import PREPARED, HashingStream, prepare, prepared_bytes, tier_filesystem
+
+__all__ = ["clean_env", "shm"]  # fixtures
+
+
+def test_the_stream_checksums_what_it_writes_and_distrusts_a_seek() -> None:
+    data = bytes(range(256)) * 9000  # 2.3 MB: several pieces
+    out = io.BytesIO()
+    s = HashingStream(out)
+    s.write(memoryview(data)[:1000])
+    s.write(bytearray(data[1000:]))
+    assert (s.size, s.digest) == (len(data), digest_of(data))
+    assert out.getvalue() == data
+    s.seek(10)
+    s.write(b"x")
+    assert s.digest is None, "bytes written over others: the file must be read back"
+
+
+def state(seed: float) -> dict[str, Any]:
+    return {"a": torch.full((50_000,), seed), "b": torch.arange(1000.0) + seed, "n": int(seed)}
+
+
+def test_dcp_writes_over_a_prepared_file_and_truncates_it(tmp_path: Path) -> None:
+    prepared = tmp_path / PREPARED
+    assert prepare(prepared, {"__0_0.distcp": 1 << 20}) == 1 << 20
+    inode = (prepared / "__0_0.distcp").stat().st_ino
+    fs = tier_filesystem(prepared)
+    writer = dcp.FileSystemWriter(tmp_path / "step", sync_files=False)
+    writer.fs = fs
+    dcp.save(state(3.0), storage_writer=writer, no_dist=True)
+    f = tmp_path / "step" / "__0_0.distcp"
+    assert f.stat().st_ino == inode and fs.reused == 1
+    assert not (prepared / "__0_0.distcp").exists()
+    size, digest = hash_file(f)
+    assert size < 1 << 20, "the prepared file's tail was cut off"
+    assert fs.written["__0_0.distcp"] == (size, digest)
+    back = state(0.0)
+    dcp.load(back, checkpoint_id=tmp_path / "step", no_dist=True)
+    assert torch.equal(back["a"], state(3.0)["a"]) and back["n"] == 3
+
+
+def memory_step(root: Path, step: int) -> Path:
+    (d,) = root.glob(f"*/*/step-{step:010d}")
+    return d
+
+
+def test_each_save_reuses_the_file_prepared_after_the_last_and_never_a_linked_one(
+    tmp_path: Path,
+) -> None:
+    mem = tmp_path / "shm"
+    with Checkpointer(
+        dir=tmp_path / "durable", memory=mem, every=1, agent=False, keep={"memory": 1}
+    ) as ck:
+        ck.save(1, state(1.0))
+        assert ck.wait(30)
+        (prepared,) = mem.glob(f"*/*/{PREPARED}")
+        one = memory_step(mem, 1) / "__0_0.distcp"
+        assert (prepared / "__0_0.distcp").stat().st_size == one.stat().st_size
+        held = tmp_path / "held"
+        os.link(one, held)  # as the persister holds a step it copies
+        held_bytes = held.read_bytes()
+        next_inode = (prepared / "__0_0.distcp").stat().st_ino
+        for step in (2, 3, 4):
+            ck.save(step, state(float(step)))
+            assert ck.wait(30)
+            f = memory_step(mem, step) / "__0_0.distcp"
+            if step == 2:
+                assert f.stat().st_ino == next_inode, "step 2 went into the prepared file"
+            manifest = Manifest.from_json((f.parent / MANIFEST).read_bytes())
+            (entry,) = [e for e in manifest.files if e.name == f.name]
+            assert hash_file(f) == (entry.size, entry.digest)
+        assert held.read_bytes() == held_bytes, "a linked file of a pruned step was rewritten"
+        assert held.stat().st_nlink == 1, "step 1 left memory"
+        assert ck.close(30, release_memory=False)
+    back = state(0.0)
+    with Checkpointer(dir=tmp_path / "durable", memory=mem, every=1, agent=False) as ck:
+        assert ck.load_latest(back) == 4
+        assert ck.last_load is not None and ck.last_load.tier == "memory"
+        ck.close(30)
+    assert torch.equal(back["a"], state(4.0)["a"]) and back["n"] == 4
+
+
+def test_prepared_files_count_as_free_space_in_a_full_tmpfs(tmp_path: Path, shm: Path) -> None:
+    """1 MiB tmpfs, 0.4 MiB steps, one kept: step + prepared files leave 0.2 MiB free, so
+    the next step fits only because its prepared files are counted."""
+    big = {"w": torch.zeros(100_000)}  # 400 KB
+    with checkpointer(tmp_path, shm, keep={"memory": 1}) as ck:
+        for step in (1, 2, 3):
+            big["w"].fill_(step)
+            ck.save(step, big)
+            assert ck.wait(30)
+            p = ck.progress()
+            assert p.committed["memory"] == step, (step, p.errors)
+        (prepared,) = shm.glob(f"*/*/{PREPARED}")
+        assert prepared_bytes(prepared) >= 400_000
+        assert ck.close(30, release_memory=False)
+
+
+def test_a_prepared_file_that_does_not_fit_is_left_out(tmp_path: Path, shm: Path) -> None:
+    assert prepare(shm / PREPARED, {"__0_0.distcp": 4 << 20, "__1_0.distcp": 1000}) == 1000
+    assert sorted(p.name for p in (shm / PREPARED).iterdir()) == ["__1_0.distcp"]
