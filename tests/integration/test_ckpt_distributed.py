@@ -59,6 +59,10 @@ def run_ranks(fn: Callable[..., None], world: int, *args: Any, expect_exit: int 
 def _rank_main(fn: Callable[..., None], rank: int, world: int, port: int, *args: Any) -> None:
     import torch.distributed as dist
 
+    # A forked child whose parent (this pytest process) has run an op in parallel hangs in
+    # its first parallel op: OpenMP's thread pool does not survive fork. One thread here
+    # avoids the pool (seen when a unit test with large tensors ran first in one session).
+    torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
