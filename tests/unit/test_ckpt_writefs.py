@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import os
+import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,15 @@ from tests.unit.test_ckpt_tier_full import checkpointer, clean_env, shm
 
 from trainpod.ckpt import Checkpointer
 from trainpod.ckpt.manifest import MANIFEST, Manifest, digest_of, hash_file
-from trainpod.ckpt.writefs import PREPARED, HashingStream, prepare, prepared_bytes, tier_filesystem
+from trainpod.ckpt.writefs import (
+    PREPARED,
+    HashingStream,
+    Preparer,
+    prepare,
+    prepared_bytes,
+    tier_filesystem,
+    zip_crc_off,
+)
 
 __all__ = ["clean_env", "shm"]  # fixtures
 
@@ -57,6 +67,17 @@ def test_dcp_writes_over_a_prepared_file_and_truncates_it(tmp_path: Path) -> Non
     assert torch.equal(back["a"], state(3.0)["a"]) and back["n"] == 3
 
 
+def wait_prepared(mem: Path, size: int) -> Path:
+    """The prepared file of rank 0, once the preparer's thread has allocated it."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for f in mem.glob(f"*/*/{PREPARED}/__0_0.distcp"):
+            if f.stat().st_size >= size:
+                return f
+        time.sleep(0.01)
+    raise AssertionError(f"no file of {size} bytes prepared under {mem}")
+
+
 def memory_step(root: Path, step: int) -> Path:
     (d,) = root.glob(f"*/*/step-{step:010d}")
     return d
@@ -71,14 +92,16 @@ def test_each_save_reuses_the_file_prepared_after_the_last_and_never_a_linked_on
     ) as ck:
         ck.save(1, state(1.0))
         assert ck.wait(30)
-        (prepared,) = mem.glob(f"*/*/{PREPARED}")
         one = memory_step(mem, 1) / "__0_0.distcp"
-        assert (prepared / "__0_0.distcp").stat().st_size == one.stat().st_size
+        size = one.stat().st_size
+        ready = wait_prepared(mem, size)
+        assert ready.stat().st_size == size
         held = tmp_path / "held"
         os.link(one, held)  # as the persister holds a step it copies
         held_bytes = held.read_bytes()
-        next_inode = (prepared / "__0_0.distcp").stat().st_ino
+        next_inode = ready.stat().st_ino
         for step in (2, 3, 4):
+            wait_prepared(mem, size)
             ck.save(step, state(float(step)))
             assert ck.wait(30)
             f = memory_step(mem, step) / "__0_0.distcp"
@@ -104,16 +127,50 @@ def test_prepared_files_count_as_free_space_in_a_full_tmpfs(tmp_path: Path, shm:
     big = {"w": torch.zeros(100_000)}  # 400 KB
     with checkpointer(tmp_path, shm, keep={"memory": 1}) as ck:
         for step in (1, 2, 3):
+            if step > 1:
+                wait_prepared(shm, 400_000)
             big["w"].fill_(step)
             ck.save(step, big)
             assert ck.wait(30)
             p = ck.progress()
             assert p.committed["memory"] == step, (step, p.errors)
-        (prepared,) = shm.glob(f"*/*/{PREPARED}")
-        assert prepared_bytes(prepared) >= 400_000
+        assert prepared_bytes(wait_prepared(shm, 400_000).parent) >= 400_000
         assert ck.close(30, release_memory=False)
 
 
 def test_a_prepared_file_that_does_not_fit_is_left_out(tmp_path: Path, shm: Path) -> None:
     assert prepare(shm / PREPARED, {"__0_0.distcp": 4 << 20, "__1_0.distcp": 1000}) == 1000
     assert sorted(p.name for p in (shm / PREPARED).iterdir()) == ["__1_0.distcp"]
+
+
+def test_the_zip_crc_is_off_only_inside_and_what_was_saved_loads() -> None:
+    from torch.serialization import get_crc32_options
+
+    assert get_crc32_options()
+    buf = io.BytesIO()
+    with zip_crc_off():
+        with zip_crc_off():
+            assert not get_crc32_options()
+        assert not get_crc32_options(), "still inside the outer one"
+        torch.save(torch.arange(1000.0), buf)
+    assert get_crc32_options(), "restored"
+    crcs = {i.filename.rsplit("/", 1)[-1]: i.CRC for i in zipfile.ZipFile(buf).infolist()}
+    assert crcs["0"] == 0, crcs  # the tensor's bytes: no zip CRC computed
+    buf.seek(0)
+    assert torch.equal(torch.load(buf), torch.arange(1000.0))
+
+
+def test_the_preparer_allocates_at_the_lowest_priority_and_stops_on_close(tmp_path: Path) -> None:
+    p = Preparer()
+    p.request(tmp_path / PREPARED, {"__0_0.distcp": 4096})
+    assert p.wait_idle(30)
+    assert (tmp_path / PREPARED / "__0_0.distcp").stat().st_size == 4096
+    assert p._thread is not None
+    nice = os.getpriority(os.PRIO_PROCESS, p._thread.native_id or 0)
+    assert nice == 19, "the preparer's thread alone runs at nice 19"
+    assert os.getpriority(os.PRIO_PROCESS, 0) < 19, "not the whole process"
+    p.close()
+    p.request(tmp_path / PREPARED, {"__1_0.distcp": 4096})
+    assert not (tmp_path / PREPARED / "__1_0.distcp").exists(), "nothing after close"
+    assert not prepare(tmp_path / "gone" / PREPARED, {"__0_0.distcp": 10}), "no dir made again"
+    assert not (tmp_path / "gone").exists()

@@ -46,7 +46,7 @@ from trainpod.ckpt.placing import Placed, place
 from trainpod.ckpt.records import Ctx, EventHook, Progress, Snapshot
 from trainpod.ckpt.skips import SkipTally
 from trainpod.ckpt.tiers import FsTier, Meter, Tier
-from trainpod.ckpt.writefs import prepare
+from trainpod.ckpt.writefs import Preparer
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,7 @@ class Pipeline:
         self._skips = SkipTally([t.name for t in copies])
         self._stopping = False
         self._give_up = False
+        self.preparer = Preparer()
         self._writer = threading.Thread(target=self._write_loop, name="tp-ckpt-write", daemon=True)
         self._copier = threading.Thread(target=self._copy_loop, name="tp-ckpt-copy", daemon=True)
 
@@ -168,6 +169,9 @@ class Pipeline:
 
     def close(self, timeout_s: float | None) -> bool:
         """Finish pending work (up to ``timeout_s``), then stop both threads. Collective."""
+        # First: once every rank is past the collective below, the node's leader may remove
+        # the memory tier, and no file may be allocated in it after that.
+        self.preparer.close()
         done = self.wait(timeout_s)
         with self._cond:
             self._stopping = True
@@ -186,6 +190,7 @@ class Pipeline:
         its parts gathered from every rank). Nothing waits for them: see :meth:`busy`."""
         self.cw.close(why)
         self.cc.close(why)
+        self.preparer.close(0)
         with self._cond:
             self._stopping = self._give_up = True
             while True:
@@ -413,7 +418,7 @@ class Pipeline:
         prepared = tier.prepared_dir()
         if prepared is None or not self._q.empty():
             return
-        prepare(prepared, {e.name: e.size for e in mine})
+        self.preparer.request(prepared, {e.name: e.size for e in mine})
 
     def _committed_event(
         self, tier: Tier, step: int, skipped: int = 0, *, written: bool = False

@@ -48,14 +48,15 @@ def _dcp_save(staged: dict[str, Any], d: Path, tier: FsTier, coll: Coll, placed:
     writes, into the tier's prepared files where it has them."""
     import torch.distributed.checkpoint as dcp
 
-    from trainpod.ckpt.writefs import tier_filesystem
+    from trainpod.ckpt.writefs import tier_filesystem, zip_crc_off
 
     d.mkdir(parents=True, exist_ok=True)
     writer = dcp.FileSystemWriter(d, sync_files=tier.sync)
     fs = tier_filesystem(tier.prepared_dir())
     writer.fs = fs
     group = coll.bound()
-    dcp.save(staged, storage_writer=writer, process_group=group, no_dist=group is None)
+    with zip_crc_off():
+        dcp.save(staged, storage_writer=writer, process_group=group, no_dist=group is None)
     placed.written, placed.reused = dict(fs.written), fs.reused
 
 

@@ -1,11 +1,12 @@
 """How the writer's ``dcp.save`` writes a step's files: checksummed as written, into files
 allocated ahead of time.
 
-Two costs used to follow the write of a step into the memory tier (measured on the 2-core
+Three costs used to follow the write of a step into the memory tier (measured on the 2-core
 box with 1.2 GB of state, ADR 0048): a second pass that read every file back to checksum it
-(0.33 s), and the tmpfs allocating and zeroing every page of the new files during the
+(0.33 s), the tmpfs allocating and zeroing every page of the new files during the
 write (writing 1.2 GB into a new ``/dev/shm`` file took 0.58 s, into one allocated before
-0.26 s; the allocation alone, ``posix_fallocate``, 0.37 s). So:
+0.26 s; the allocation alone, ``posix_fallocate``, 0.37 s), and ``torch.save`` computing
+a zip CRC-32 of every record (0.3 s). So:
 
 * :class:`HashingStream` computes each file's CRC-32C (:data:`~trainpod.ckpt.manifest.HASH`)
   from the bytes as they are written, 1 MiB at a time while they are in the cache. A stream
@@ -13,10 +14,12 @@ write (writing 1.2 GB into a new ``/dev/shm`` file took 0.58 s, into one allocat
 * :func:`tier_filesystem` (DCP's ``FileSystem``, set as ``FileSystemWriter.fs``) opens a
   ``.distcp`` file by renaming a file of the same name out of the tier's ``.prepared``
   directory when one is there, writes over it and truncates it to what was written.
-* :func:`prepare` allocates those files for the next step right after a commit, on the
-  writer thread, while training runs: the allocation still costs the CPU it did, but no
-  longer delays the commit. The price is memory: one step's files of this rank stay
-  allocated between saves (what the tier held at the peak of every save anyway).
+* :func:`prepare` allocates those files for the next step right after a commit, on a
+  thread of its own at nice 19 (:class:`Preparer`), while training runs: the allocation
+  still costs the CPU it did, but no longer delays the commit, and it yields to training.
+  The price is memory: one step's files of this rank stay allocated between saves (what
+  the tier held at the peak of every save anyway).
+* :func:`zip_crc_off` turns the zip CRC off while DCP writes (the file's CRC-32C covers it).
 
 A prepared file is a fresh inode no reader has opened or linked (the persister hard-links
 committed step files, never these), so nothing that reads a step can see it rewritten.
@@ -140,6 +143,34 @@ class _Written:
 
 
 _CLASS: type[Any] | None = None
+_ZIP_LOCK = threading.Lock()
+_zip_users = 0
+_zip_was = True
+
+
+@contextmanager
+def zip_crc_off() -> Generator[None, None, None]:
+    """Inside: ``torch.save`` (which DCP runs per tensor) skips the zip format's own CRC-32
+    of each record. It is redundant with the whole file's CRC-32C computed as the bytes are
+    written, and it is not free (0.3 s per 1.2 GB here, ADR 0048). The setting is the
+    process's: a ``torch.save`` another thread runs meanwhile writes no CRC either, which
+    ``torch.load`` reads all the same (``torch.serialization.set_crc32_options``). Nested
+    and concurrent uses restore the setting found before the first."""
+    import torch.serialization as ser
+
+    global _zip_users, _zip_was
+    with _ZIP_LOCK:
+        if _zip_users == 0:
+            _zip_was = ser.get_crc32_options()
+            ser.set_crc32_options(False)
+        _zip_users += 1
+    try:
+        yield
+    finally:
+        with _ZIP_LOCK:
+            _zip_users -= 1
+            if _zip_users == 0:
+                ser.set_crc32_options(_zip_was)
 
 
 def tier_filesystem(prepared: Path | None) -> _Written:
@@ -160,13 +191,79 @@ def tier_filesystem(prepared: Path | None) -> _Written:
     return fs
 
 
+class Preparer:
+    """Runs :func:`prepare` on a thread of its own at the lowest CPU priority (nice 19 for
+    this thread alone: Linux keeps a nice value per thread), so that the allocation takes
+    the CPU the training loop leaves. The newest request wins; a write that comes before
+    its files are ready takes those that are (each appears whole, by a rename) and makes
+    the others itself."""
+
+    def __init__(self, nice: int = 19) -> None:
+        self.nice = nice
+        self._cond = threading.Condition()
+        self._job: tuple[Path, dict[str, int]] | None = None
+        self._busy = False
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def request(self, prepared: Path, sizes: Mapping[str, int]) -> None:
+        with self._cond:
+            if self._stop:
+                return
+            self._job = (prepared, dict(sizes))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="tp-ckpt-prepare", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """True once nothing is requested or being allocated (tests)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._job is None and not self._busy, timeout_s)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """No more allocations; wait for the one under way."""
+        with self._cond:
+            self._stop = True
+            self._job = None
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+
+    def _run(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+        except OSError as exc:
+            log.info("the checkpoint preparer keeps its priority: %s", exc)
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stop or self._job is not None)
+                if self._stop:
+                    return
+                assert self._job is not None
+                (prepared, sizes), self._job = self._job, None
+                self._busy = True
+            try:
+                prepare(prepared, sizes)
+            except Exception:  # never let it end silently: log and go on
+                log.exception("preparing %s", prepared)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+
 def prepare(prepared: Path, sizes: Mapping[str, int]) -> int:
     """Allocate a file of each size, named as given, in ``prepared`` for the next step's
     write. Returns the bytes newly allocated. A file that cannot be allocated (the tmpfs is
-    full) is left out: the next write makes its own, as it would have anyway."""
+    full) is left out: the next write makes its own, as it would have anyway. The tier's
+    directory is not made again if it is gone (the job ended: nothing may be left behind)."""
     done = 0
     try:
-        prepared.mkdir(parents=True, exist_ok=True)
+        prepared.mkdir(exist_ok=True)
     except OSError as exc:
         log.info("cannot prepare files in %s: %s", prepared, exc)
         return 0
