@@ -149,7 +149,34 @@ def test_node_tiers_commit_locally_and_keep_k(tmp_path: Path) -> None:
     scratch = sorted(p.name for p in (tmp_path / "scratch").iterdir() if p.name.startswith("step"))
     assert scratch == [step_name(2), step_name(3)]
     assert p0.status().committed == {"scratch": 3, "durable": 3}
-    assert [e["tier"] for e in events if e["event"] == "committed"] == ["scratch", "durable"] * 3
+    commits = [(e["step"], e["tier"]) for e in events if e["event"] == "committed"]
+    assert sorted(commits) == [(s, t) for s in (1, 2, 3) for t in ("durable", "scratch")]
+    assert [s for s, _ in commits] == sorted(s for s, _ in commits), "step by step"
+
+
+def test_scratch_and_durable_are_copied_at_the_same_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scratch copy waits inside its put for the durable commit: one after the other,
+    it would wait for ever (here: fail after 20 s); beside each other, both commit."""
+    make_memory(tmp_path / "mem", nodes=("n0",))
+    put = FsTier.put
+
+    def gated(self: FsTier, step: int, src: Path, names: Any, meter: Any) -> None:
+        if self.name == "scratch":
+            try:
+                wait_until(durable_manifest(tmp_path).exists, timeout_s=20, interval_s=0.01)
+            except Exception as exc:  # one after the other: scratch fails, is skipped
+                raise OSError(f"durable did not commit while scratch was copied: {exc}") from exc
+        put(self, step, src, names, meter)
+
+    monkeypatch.setattr(FsTier, "put", gated)
+    events: list[dict[str, Any]] = []
+    p0 = persister(tmp_path, "n0", events)
+    req = request(tmp_path, "n0", scratch=str(tmp_path / "scratch"))
+    assert p0.round(req) == "done"
+    assert p0.status().committed == {"scratch": STEP, "durable": STEP}
+    assert [e["tier"] for e in events if e["event"] == "committed"] == ["durable", "scratch"]
 
 
 def test_an_unreachable_durable_store_is_retried_and_a_full_scratch_skipped(

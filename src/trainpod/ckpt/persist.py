@@ -129,6 +129,9 @@ class Persister:
         self.retry_max_s = retry_max_s
         self.poll_s = poll_s
         self.meter = Meter(on_progress=lambda _m: self.emit_status())
+        """The copies to peer and durable (throttled to the bandwidth cap)."""
+        self.local_meter = Meter(on_progress=lambda _m: self.emit_status())
+        """The copy to this node's scratch, beside them (:meth:`_copy_lanes`)."""
         self._cond = threading.Condition()
         self._want: Request | None = None  # newest offered: node tiers
         self._dwant: Request | None = None  # newest offered for the global tiers
@@ -212,7 +215,7 @@ class Persister:
     def status(self) -> PersistStatus:
         with self._cond:
             retry = None if self._retry_at is None else max(0.0, self._retry_at - time.monotonic())
-            m = self.meter
+            m = self.meter if self.meter.tier is not None else self.local_meter
             return PersistStatus(
                 received=None if self._want is None else self._want.step,
                 flagged=None if self._dwant is None else self._dwant.step,
@@ -410,12 +413,14 @@ class Persister:
             self._end_node(req, node)
             return self._end_global(req, None, "gone" if glob else "")
         outcome = "done"
+        pending = []
         for tier in todo:
             with self._cond:
                 done = self._committed.get(tier.name)
             if (done is not None and done >= step) or self._skipped.get(tier.name) == step:
                 continue
-            result = self._copy(req, m, staged, tier)
+            pending.append(tier)
+        for result in self._copy_lanes(req, m, staged, pending):
             if result == "retry":
                 outcome = "retry"
             elif result == "waiting" and outcome == "done":
@@ -425,7 +430,37 @@ class Persister:
         self._end_node(req, node)
         return self._end_global(req, m, outcome if glob else "")
 
-    def _copy(self, req: Request, m: Manifest, src: Path, tier: Tier) -> str:
+    def _copy_lanes(self, req: Request, m: Manifest, src: Path, tiers: list[Tier]) -> list[str]:
+        """Copy into ``tiers``: the node's own disks (unthrottled: scratch) on a thread of
+        their own, beside the throttled ones (peer, then durable) on this thread, each lane
+        with its own meter. They are different devices on a real node; one after the other,
+        the durable copy waited for the whole scratch copy first. Results in tier order."""
+        local = [t for t in tiers if t.node_scoped and not getattr(t, "throttled", True)]
+        remote = [t for t in tiers if t not in local]
+        if not local or not remote:
+            return [self._copy(req, m, src, t, self.meter) for t in tiers]
+        got: dict[str, str] = {}
+        failure: list[BaseException] = []
+
+        def lane() -> None:
+            try:
+                for t in local:
+                    got[t.name] = self._copy(req, m, src, t, self.local_meter)
+            except BaseException as exc:  # re-raised on the round's thread
+                failure.append(exc)
+
+        th = threading.Thread(target=lane, name="tp-persist-local", daemon=True)
+        th.start()
+        try:
+            for t in remote:
+                got[t.name] = self._copy(req, m, src, t, self.meter)
+        finally:
+            th.join()
+        if failure:
+            raise failure[0]
+        return [got[t.name] for t in tiers]
+
+    def _copy(self, req: Request, m: Manifest, src: Path, tier: Tier, meter: Meter) -> str:
         """Copy this node's part of ``m`` into ``tier`` and commit what can be committed:
         "done", "waiting" (a global tier lacks other nodes' parts), "retry" or "skipped"."""
         step, node = req.step, self.node
@@ -436,16 +471,16 @@ class Persister:
         wrote = False
         try:
             if tier.node_scoped:
-                self.meter.start(step, tier.name, total)
-                tier.put(step, src, names, self.meter)
+                meter.start(step, tier.name, total)
+                tier.put(step, src, names, meter)
                 tier.commit(step, m)
                 done = True
             else:
                 assert isinstance(tier, FsTier), "a global tier is an FsTier (it holds markers)"
                 done = is_committed(tier, m)
                 if not done:
-                    self.meter.start(step, tier.name, total)
-                    tier.put(step, src, names, self.meter)
+                    meter.start(step, tier.name, total)
+                    tier.put(step, src, names, meter)
                     write_part(tier, m, node)
                     done = wrote = try_commit(tier, m)
         except Exception as exc:  # any store error: OSError, botocore's, fsspec's
@@ -463,7 +498,7 @@ class Persister:
             self.emit_status()
             return "retry" if tier.retry else "skipped"
         finally:
-            self.meter.step = self.meter.tier = None
+            meter.step = meter.tier = None
         if not done:
             with self._cond:
                 self._errors.pop(tier.name, None)
