@@ -20,6 +20,8 @@ import pytest
 
 from trainpod.agent.agent import memory_to_release
 from trainpod.agent.persisters import CheckpointHub, scratch_kept_because, sweep_memory_tiers
+from trainpod.ckpt import persist
+from trainpod.ckpt.fakes import FlakyFileSystem
 from trainpod.ckpt.handoff import AgentLink, PersistStatus, TierConfig
 from trainpod.ckpt.manifest import METADATA, FileEntry, Manifest, digest_of
 from trainpod.ckpt.parts import part_path
@@ -154,11 +156,26 @@ def test_node_tiers_commit_locally_and_keep_k(tmp_path: Path) -> None:
     assert [s for s, _ in commits] == sorted(s for s, _ in commits), "step by step"
 
 
-def test_scratch_and_durable_are_copied_at_the_same_time(
+def test_tiers_on_one_disk_share_a_device_and_a_store_that_is_not_a_path_does_not(
+    tmp_path: Path,
+) -> None:
+    scratch = FsTier("scratch", tmp_path / "scratch" / "not" / "made", node="n0")
+    durable = FsTier("durable", tmp_path / "durable")
+    shm = FsTier("memory", "/dev/shm/trainpod-none", node="n0")
+    flaky = FsTier("durable", "/bucket", fs=FlakyFileSystem())
+    assert persist.same_device(scratch, durable)
+    assert persist.same_device(shm, durable) == (
+        os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev
+    )
+    assert not persist.same_device(scratch, flaky)
+
+
+def test_scratch_and_durable_on_two_devices_are_copied_at_the_same_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The scratch copy waits inside its put for the durable commit: one after the other,
-    it would wait for ever (here: fail after 20 s); beside each other, both commit."""
+    """The scratch copy waits inside its put for the durable commit: one after the other (as
+    on one disk, where that order is better) it would wait for ever (here: fail after 20 s);
+    beside each other, both commit."""
     make_memory(tmp_path / "mem", nodes=("n0",))
     put = FsTier.put
 
@@ -171,6 +188,7 @@ def test_scratch_and_durable_are_copied_at_the_same_time(
         put(self, step, src, names, meter)
 
     monkeypatch.setattr(FsTier, "put", gated)
+    monkeypatch.setattr(persist, "same_device", lambda a, b: False)  # as scratch and NFS
     events: list[dict[str, Any]] = []
     p0 = persister(tmp_path, "n0", events)
     req = request(tmp_path, "n0", scratch=str(tmp_path / "scratch"))
