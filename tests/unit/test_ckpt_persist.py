@@ -22,6 +22,7 @@ from trainpod.agent.agent import memory_to_release
 from trainpod.agent.persisters import CheckpointHub, scratch_kept_because, sweep_memory_tiers
 from trainpod.ckpt import persist
 from trainpod.ckpt.fakes import FlakyFileSystem
+from trainpod.ckpt.fullness import same_device
 from trainpod.ckpt.handoff import AgentLink, PersistStatus, TierConfig
 from trainpod.ckpt.manifest import METADATA, FileEntry, Manifest, digest_of
 from trainpod.ckpt.parts import part_path
@@ -163,11 +164,9 @@ def test_tiers_on_one_disk_share_a_device_and_a_store_that_is_not_a_path_does_no
     durable = FsTier("durable", tmp_path / "durable")
     shm = FsTier("memory", "/dev/shm/trainpod-none", node="n0")
     flaky = FsTier("durable", "/bucket", fs=FlakyFileSystem())
-    assert persist.same_device(scratch, durable)
-    assert persist.same_device(shm, durable) == (
-        os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev
-    )
-    assert not persist.same_device(scratch, flaky)
+    assert same_device(scratch, durable)
+    assert same_device(shm, durable) == (os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev)
+    assert not same_device(scratch, flaky)
 
 
 def test_scratch_and_durable_on_two_devices_are_copied_at_the_same_time(

@@ -70,6 +70,20 @@ def free_bytes(path: str | Path) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
+def same_device(a: Tier, b: Tier) -> bool:
+    """Whether two tiers write to one local device (the nearest existing directory of each
+    root has one ``st_dev``). A store that is not a local path (s3://, a remote fsspec file
+    system) is never the node's disk."""
+    if not (isinstance(a, FsTier) and isinstance(b, FsTier) and a.local and b.local):
+        return False
+    try:
+        return existing(Path(a.write_root())).stat().st_dev == (
+            existing(Path(b.write_root())).stat().st_dev
+        )
+    except OSError:
+        return False
+
+
 def read_only(path: str | Path) -> bool:
     try:
         return bool(os.statvfs(existing(Path(path))).f_flag & os.ST_RDONLY)

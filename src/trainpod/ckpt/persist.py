@@ -24,7 +24,7 @@ What it does with the steps it is given (the newest wins; older ones are skipped
    Where the node's own disk (scratch) is not the device of peer and durable (a network
    store, throttled to the bandwidth cap), it is copied on a thread of its own beside them,
    each lane with its own meter; the status shows the network lane's copy while there is
-   one (:func:`same_device`);
+   one (:func:`~trainpod.ckpt.fullness.same_device`);
 3. durable holds every node's part, so it commits without any collective: each node's
    persister uploads its part, then writes ``parts/<node>.json`` atomically (node, step and
    the SHA-256 of the manifest, which is byte-identical on every node); whoever then sees a
@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainpod.ckpt.errors import CheckpointError, ManifestError
+from trainpod.ckpt.fullness import same_device
 from trainpod.ckpt.handoff import PersistStatus, TierConfig, build_tiers
 from trainpod.ckpt.manifest import MANIFEST, Manifest
 from trainpod.ckpt.parts import global_names, is_committed, parts_needed, try_commit, write_part
@@ -682,24 +683,6 @@ def replay(journal: Path, out: Emit) -> int:
     if n:
         log.info("handed over %d report(s) a predecessor could not deliver", n)
     return n
-
-
-def same_device(a: Tier, b: Tier) -> bool:
-    """Whether two tiers write to one local device (their roots, or the nearest existing
-    directory above each, have one ``st_dev``). A store that is not a local path (s3://,
-    a remote fsspec file system) is never the node's disk."""
-    if not (isinstance(a, FsTier) and isinstance(b, FsTier) and a.local and b.local):
-        return False
-    return _device(Path(a.write_root())) == _device(Path(b.write_root()))
-
-
-def _device(path: Path) -> int | None:
-    for p in (path, *path.parents):
-        try:
-            return p.stat().st_dev
-        except OSError:
-            continue
-    return None
 
 
 def lower_priority(nice: int) -> None:
