@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import os
-import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from trainpod.ckpt.writefs import (
     tier_filesystem,
     zip_crc_off,
 )
+from trainpod.testing.wait import wait_until
 
 __all__ = ["clean_env", "shm"]  # fixtures
 
@@ -69,13 +69,12 @@ def test_dcp_writes_over_a_prepared_file_and_truncates_it(tmp_path: Path) -> Non
 
 def wait_prepared(mem: Path, size: int) -> Path:
     """The prepared file of rank 0, once the preparer's thread has allocated it."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for f in mem.glob(f"*/*/{PREPARED}/__0_0.distcp"):
-            if f.stat().st_size >= size:
-                return f
-        time.sleep(0.01)
-    raise AssertionError(f"no file of {size} bytes prepared under {mem}")
+
+    def ready() -> Path | None:
+        found = mem.glob(f"*/*/{PREPARED}/__0_0.distcp")
+        return next((f for f in found if f.stat().st_size >= size), None)
+
+    return wait_until(ready, interval_s=0.01, what=f"a file of {size} bytes prepared in {mem}")
 
 
 def memory_step(root: Path, step: int) -> Path:
