@@ -39,6 +39,7 @@ instance_groups:
 health:
   heartbeat_interval_s: 0.5
   heartbeat_timeout_s: 5
+  exit_wait_s: {exit_wait_s}
 recovery:
   teardown_grace_s: 2
 """
@@ -177,11 +178,16 @@ def make_cluster(
 ) -> Iterator[Callable[..., Cluster]]:
     made: list[Cluster] = []
 
-    def make(name: str = "t", workers: int = 2, lifecycle: str = "[]", extra: str = "") -> Cluster:
+    def make(
+        name: str = "t",
+        workers: int = 2,
+        lifecycle: str = "[]",
+        extra: str = "",
+        exit_wait_s: float = 60.0,
+    ) -> Cluster:
         spec_path = tmp_path / f"{name}.yaml"
-        spec_path.write_text(
-            SPEC.format(name=name, workers=workers, lifecycle=lifecycle) + textwrap.dedent(extra)
-        )
+        text = SPEC.format(name=name, workers=workers, lifecycle=lifecycle, exit_wait_s=exit_wait_s)
+        spec_path.write_text(text + textwrap.dedent(extra))
         return _bring_up(spec_path, name, tmp_path, made)
 
     yield make

@@ -333,6 +333,29 @@ def test_a_finished_run_whose_rank_aborts_in_its_teardown_completes_without_a_re
     cluster.wait_idle()
 
 
+def test_a_rank_stuck_idle_in_its_teardown_after_its_peer_exited_is_stopped_and_the_job_completes(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    # rank 1 never leaves its teardown (pytorch/pytorch#75097: CI saw an accelerate rank
+    # sleep in a futex for minutes after its final line); rank 0 exits 0. Once rank 1 has
+    # used no CPU for the cluster's exit_wait_s after that, it is stopped: one attempt,
+    # completed (ADR 0049).
+    cluster = make_cluster(exit_wait_s=3)
+    t = train(cluster, extra=("--teardown-hang-rank", "1"))
+    done = t.wait()
+    assert done.state == "completed", (done.reason, done.attempts)
+    assert [(a.number, a.state) for a in done.attempts] == [(1, "succeeded")]
+    assert "rank 1 on workers-1 stayed running, idle (no CPU for 3s)" in done.reason
+    exits = {
+        e.data["rank"]: (e.data["exit_code"], e.data["signal"]) for e in t.events("rank_exited")
+    }
+    assert exits == {0: (0, None), 1: (None, 15)}, exits
+    (idle,) = t.events("ranks_left_idle")
+    assert (idle.data["ranks"], idle.data["nodes"]) == ([1], ["workers-1"])
+    assert t.events("fault_detected") == [] and t.events("recovery_decision") == []
+    cluster.wait_idle()
+
+
 def test_a_user_error_is_recognised_whichever_rank_reports_it_first(cluster: Cluster) -> None:
     t = train(cluster, extra=("--fail-at", "3", "--fail-first", "rotate"))
     decided = wait_until(

@@ -238,6 +238,10 @@ SAMPLES: list[tuple[ev.Event, dict[str, Any]]] = [
         dict(kind="straggler_detected", node=N1, job_id=3, attempt=1, rank=1, step_time_s=2.5),
     ),
     (
+        ev.RanksLeftIdle(job_id=3, attempt=1, ranks=(1,), nodes=(N1,), waited_s=60.0),
+        dict(kind="ranks_left_idle", job_id=3, attempt=1, ranks=[1], nodes=[N1], waited_s=60.0),
+    ),
+    (
         ev.FaultDetected(
             job_id=3,
             attempt=1,

@@ -20,6 +20,7 @@ import psutil
 
 from trainpod import notice, procutil
 from trainpod.agent.accounts import RunAs
+from trainpod.agent.idle import IdleMeter
 from trainpod.agent.warmstart import WarmProcess
 from trainpod.api.models import KillOrder, LaunchOrder, RankReport
 from trainpod.elastic import protocol as elastic_protocol
@@ -92,6 +93,10 @@ class AgentRank:
         """The end of the rank's log; read only for a rank that failed."""
         return ""
 
+    def _idle_s(self) -> float | None:
+        """Seconds the running rank has used no CPU (:mod:`trainpod.agent.idle`)."""
+        return None
+
     def report(self) -> RankReport:
         failed = not self.running and (self.exit_code != 0 or self.signal is not None)
         return RankReport(
@@ -104,6 +109,7 @@ class AgentRank:
             started_at=self.started_at,
             ended_at=self.ended_at,
             log_tail=self._log_tail() if failed else "",
+            idle_s=self._idle_s() if self.running else None,
         )
 
 
@@ -118,12 +124,17 @@ class RankProcess(AgentRank):
     proc: subprocess.Popen[bytes] | WarmProcess | None = None
     again: dict[str, str] = field(default_factory=dict, kw_only=True)
     """The variables of a rank started anew in its attempt (the new group's, ADR 0026)."""
+    idle: IdleMeter = field(default_factory=IdleMeter, kw_only=True, repr=False)
 
     def _pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
     def _log_tail(self) -> str:
         return log_tail(self.log_path)
+
+    def _idle_s(self) -> float | None:
+        pid = self._pid()
+        return None if pid is None else self.idle.idle_s(pid)
 
 
 @dataclass

@@ -33,6 +33,11 @@ class RankReport(_Model):
     started_at: float | None = None
     ended_at: float | None = None
     log_tail: str = ""
+    idle_s: float | None = Field(
+        default=None,
+        description="seconds the running rank (with its children) has used no CPU, as its "
+        "agent measured it; null while it works",
+    )
 
 
 class RankBeacon(_Model):

@@ -22,6 +22,9 @@ class BeaconBook:
         self.by_attempt: dict[int, dict[int, tuple[RankBeacon, float]]] = {}
         self.first_logged: set[int] = set()  # attempts whose first_beacon is in the store
         self.straggling: dict[int, tuple[StragglerTracker, float]] = {}
+        self.idle_since: dict[int, dict[int, float]] = {}
+        """attempt -> rank -> since when (controller time) the running rank has used no CPU,
+        as its agent last measured it (ADR 0049)."""
 
     def of(self, attempt_id: int) -> Book:
         return self.by_attempt.get(attempt_id, {})
@@ -31,9 +34,19 @@ class BeaconBook:
         for b in beacons:
             book[b.rank] = (b, now)
 
+    def record_idle(self, attempt_id: int, rank: int, idle_s: float | None, now: float) -> None:
+        """A running rank's idle time as its agent reported it (None: it works)."""
+        if idle_s is None:
+            ranks = self.idle_since.get(attempt_id)
+            if ranks is not None:
+                ranks.pop(rank, None)
+            return
+        self.idle_since.setdefault(attempt_id, {})[rank] = now - idle_s
+
     def forget(self, attempt_id: int) -> Book:
         """The attempt ended: drop everything kept for it; returns its last beacons."""
         self.first_logged.discard(attempt_id)
+        self.idle_since.pop(attempt_id, None)
         self.straggling.pop(attempt_id, None)
         return self.by_attempt.pop(attempt_id, {})
 

@@ -46,6 +46,7 @@ class ControllerConfig:
     teardown_grace_s: float = 5.0
     max_restarts: int = 3
     hang_timeout_s: float = 120.0
+    exit_wait_s: float = 60.0
     straggler_factor: float = 1.5
     straggler_checks: int = 5
     auto_repair: bool = True

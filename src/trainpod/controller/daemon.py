@@ -77,6 +77,7 @@ def config_from_record(record: ClusterRecord, paths: ClusterPaths) -> Controller
         teardown_grace_s=spec.recovery.teardown_grace_s,
         max_restarts=spec.recovery.max_restarts,
         hang_timeout_s=spec.health.hang_timeout_s,
+        exit_wait_s=spec.health.exit_wait_s,
         straggler_factor=spec.health.straggler_factor,
         straggler_checks=spec.health.straggler_checks,
         auto_repair=spec.recovery.auto_repair,

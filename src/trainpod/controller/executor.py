@@ -283,7 +283,12 @@ class Executor:
     def _note_fault(self, attempt: AttemptRow, now: float) -> None:
         """Record ``fault_detected`` once per attempt, with when the fault really happened."""
         failure = attempt.failure
-        skip = (judging.CAUSE_CANCEL, CAUSE_PREEMPTED, judging.CAUSE_TIME_LIMIT)
+        skip = (
+            judging.CAUSE_CANCEL,
+            CAUSE_PREEMPTED,
+            judging.CAUSE_TIME_LIMIT,
+            judging.CAUSE_LEFT_IDLE,  # no fault: its work was done
+        )
         if failure.empty or failure.noted or attempt.cause in skip:
             return
         fault_at = failure.fault_at

@@ -281,6 +281,8 @@ class HeartbeatIngest:
                     and self.executor.rung.restarted(attempt, row, rr.pid, rr.started_at, now)
                 ):
                     touched.add(attempt.id)
+                if rr.state == "running":
+                    self.beacons.record_idle(attempt.id, rr.rank, rr.idle_s, now)
                 if rr.state == "exited":
                     self.store.update_rank(
                         attempt.id,

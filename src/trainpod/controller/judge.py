@@ -16,11 +16,17 @@ finishing (pytorch/pytorch#179291). When every other rank exited 0, they all ran
 collectives to the end with it, and the attempt succeeded; while others still run it waits
 up to ``teardown_abort_wait_s`` after the abort; if another rank fails, or the wait runs
 out, or no other rank can vouch for it (a world of one), it is the failure it looks like.
+
+A rank left running, idle, after every other rank exited 0 (:func:`left_idle`, ADR 0049)
+is stuck in its own teardown (``destroy_process_group`` may hang when a peer has already
+gone, pytorch/pytorch#75097): the watchdog stops the attempt with ``CAUSE_LEFT_IDLE``, and
+once it is torn down it succeeded, as Slurm ends a step's tasks ``WaitTime`` after the first
+one ended.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -33,6 +39,7 @@ CAUSE_RANK_FAILED = "crash"  # a rank exited non-zero or by a signal
 CAUSE_NODE_LOST = "node_lost"
 CAUSE_PREEMPTED = "preempted"  # stopped for another job: no fault, requeued
 CAUSE_TIME_LIMIT = "time_limit"  # ran past its --time: the job ends (not the job's fault)
+CAUSE_LEFT_IDLE = "left_idle"  # a rank idle after every other one exited 0: a success
 RANK_EXIT_KEYS = frozenset({"rank", "node", "exit_code", "signal", "lost", "log_tail"})
 """The keys a rank's failure record always has (``exit_code`` or ``signal`` null)."""
 
@@ -104,6 +111,8 @@ def judge(
             return None
         if attempt.cause == CAUSE_CANCEL:
             return Verdict(AttemptState.CANCELLED, CAUSE_CANCEL, attempt.failure)
+        if attempt.cause == CAUSE_LEFT_IDLE and not cancel_requested:
+            return Verdict(AttemptState.SUCCEEDED, note=attempt.failure.reason or "")
         return Verdict(AttemptState.FAILED, attempt.cause, attempt.failure)
 
     if cancel_requested:
@@ -147,6 +156,42 @@ def _teardown_aborts(
     if now is None or first is None or now - first < wait_s:
         return "wait"
     return None
+
+
+def left_idle(
+    ranks: Sequence[RankRow], idle_since: Mapping[int, float], now: float, wait_s: float
+) -> tuple[int, ...]:
+    """The ranks to stop because they stay running, idle, after their work is done: every
+    other rank of the attempt exited 0 at least ``wait_s`` ago (they ran their collectives
+    to the end with these), and each of these has used no CPU (``idle_since``: since when,
+    by the controller's clock, as its agent measured it) for ``wait_s``. Empty while any
+    rank is pending, lost or failed, while a running rank works or was not measured, and
+    when ``wait_s`` is 0 (off)."""
+    running = [r for r in ranks if r.state is RankState.RUNNING]
+    done = [r for r in ranks if r.state is not RankState.RUNNING]
+    if wait_s <= 0 or not running or not done:
+        return ()
+    if any(r.state is not RankState.EXITED or r.failed for r in done):
+        return ()
+    last_exit = max((r.ended_at for r in done if r.ended_at is not None), default=None)
+    if last_exit is None or now - last_exit < wait_s:
+        return ()
+    for r in running:
+        since = idle_since.get(r.rank)
+        if since is None or now - since < wait_s:
+            return ()
+    return tuple(r.rank for r in running)
+
+
+def describe_left_idle(stuck: Sequence[int], ranks: Sequence[RankRow], wait_s: float) -> str:
+    """Why the attempt was stopped and still counts as a success, for humans."""
+    which = ", ".join(str(r) for r in stuck)
+    where = sorted({r.node for r in ranks if r.rank in stuck})
+    return (
+        f"rank {which} on {', '.join(where)} stayed running, idle (no CPU for {wait_s:g}s), "
+        "after every other rank exited 0: stopped as stuck in its teardown "
+        "(pytorch/pytorch#75097); counted as a success"
+    )
 
 
 def describe_failure(failure: Failure) -> str:

@@ -13,12 +13,12 @@ from trainpod.controller.external import Scheduling
 from trainpod.controller.policy import FaultKind
 from trainpod.controller.progress import Book
 from trainpod.controller.transitions import Transitions
-from trainpod.model.events import StragglerDetected
+from trainpod.model.events import RanksLeftIdle, StragglerDetected
 from trainpod.model.failures import Failure
 from trainpod.model.states import AttemptState, NodeState
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
-from trainpod.store.rows import AttemptRow
+from trainpod.store.rows import AttemptRow, RankRow
 
 _LIVE_NODE_STATES = {NodeState.SETTING_UP, NodeState.IDLE, NodeState.ALLOCATED, NodeState.FAILED}
 
@@ -111,8 +111,10 @@ class Watchdog:
                 # Its group is being re-formed in process: no rank steps until every one has
                 # joined, and the rung's own deadline gives that up (ADR 0035), not a hang.
                 continue
-            book = self.beacons.of(attempt.id)
             ranks = self.store.ranks(attempt.id)
+            if self._left_idle(attempt, ranks, now):
+                continue
+            book = self.beacons.of(attempt.id)
             # Ranks that exited (0: any other exit stops the attempt) stopped beaconing on
             # purpose; only the running ones can hang or straggle.
             live = {r.rank for r in ranks if not r.state.ended}
@@ -164,6 +166,30 @@ class Watchdog:
                 checks=self.cfg.straggler_checks,
             ):
                 self._straggler(attempt, spec, rank, beacons, now)
+
+    def _left_idle(self, attempt: AttemptRow, ranks: list[RankRow], now: float) -> bool:
+        """Stop an attempt whose ranks stay running, idle, after every other rank exited 0
+        (stuck in their teardown, ADR 0049): it ends a success once they are torn down."""
+        wait = self.cfg.exit_wait_s
+        idle = self.beacons.idle_since.get(attempt.id, {})
+        stuck = judging.left_idle(ranks, idle, now, wait)
+        if not stuck:
+            return False
+        nodes = tuple(sorted({r.node for r in ranks if r.rank in stuck}))
+        self.store.append(
+            now,
+            RanksLeftIdle(
+                job_id=attempt.job_id,
+                attempt=attempt.number,
+                ranks=stuck,
+                nodes=nodes,
+                waited_s=wait,
+            ),
+        )
+        failure = Failure(reason=judging.describe_left_idle(stuck, ranks, wait), nodes=nodes)
+        self.executor.stop_attempt(attempt, judging.CAUSE_LEFT_IDLE, failure, now)
+        self.tx.wake.bump()
+        return True
 
     def _straggler(
         self,

@@ -518,6 +518,20 @@ class StragglerDetected(KnownEvent):
     step_time_s: float | None
 
 
+@_register
+@dataclass(frozen=True, kw_only=True)
+class RanksLeftIdle(KnownEvent):
+    """Ranks still running, idle, ``waited_s`` after every other rank exited 0: stopped as
+    stuck in their teardown; their attempt counts as a success (ADR 0049)."""
+
+    kind = "ranks_left_idle"
+    job_id: int
+    attempt: int
+    ranks: tuple[int, ...]
+    nodes: tuple[str, ...]
+    waited_s: float
+
+
 # Faults and recovery ---------------------------------------------------------------------
 
 

@@ -313,6 +313,10 @@ class HealthPolicy(_Model):
     hang_timeout_s: Seconds = Field(default=120.0, gt=0)
     """Seconds without a progress beacon, once a job has sent one, before it is declared
     hung (jobs may override with --hang-timeout-s)."""
+    exit_wait_s: Seconds = Field(default=60.0, ge=0)
+    """Seconds a rank may stay running with no CPU used after every other rank of its
+    attempt exited 0, before it is stopped as stuck in its teardown and the attempt counts
+    as a success (Slurm's ``WaitTime``, for idle ranks only); 0 waits forever."""
     straggler_factor: Amount = Field(default=1.5, gt=1)
     """A rank whose step time exceeds this multiple of its peers' median is a straggler."""
     straggler_checks: StrictInt = Field(default=5, ge=1)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -60,12 +60,20 @@ class _Rank(AgentRank):
     pid: int | None = 0
     """None: reported before its process exists (as the launcher does while it spawns)."""
     log_tail: str = ""
+    idle_from: float | None = None
+    """Since when (the agent's clock) it has used no CPU; None while it works."""
+    clock: Callable[[], float] | None = None
 
     def _pid(self) -> int | None:
         return self.pid
 
     def _log_tail(self) -> str:
         return self.log_tail
+
+    def _idle_s(self) -> float | None:
+        if self.idle_from is None or self.clock is None:
+            return None
+        return self.clock() - self.idle_from
 
 
 @dataclass
@@ -387,6 +395,11 @@ class FakeAgent:
         assert pid is not None, f"rank {rank} of attempt {attempt_id} has no pid yet"
         return pid
 
+    def set_idle(self, attempt_id: int, rank: int, idle: bool) -> None:
+        """From now on ``rank`` uses no CPU (its reported idle time grows), or works again."""
+        r = self._runs[attempt_id].ranks[rank]
+        r.idle_from, r.clock = (self._now(), self._now) if idle else (None, None)
+
     def set_pid(self, attempt_id: int, rank: int, pid: int | None) -> None:
         """Report ``rank`` with this pid from now on (None: its process not spawned yet)."""
         self._runs[attempt_id].ranks[rank].pid = pid
@@ -439,6 +452,7 @@ def make_config(
     teardown_grace_s: float = 5.0,
     max_restarts: int = 3,
     hang_timeout_s: float = 120.0,
+    exit_wait_s: float = 60.0,
     straggler_factor: float = 1.5,
     straggler_checks: int = 5,
     auto_repair: bool = True,
@@ -474,6 +488,7 @@ def make_config(
         teardown_grace_s=teardown_grace_s,
         max_restarts=max_restarts,
         hang_timeout_s=hang_timeout_s,
+        exit_wait_s=exit_wait_s,
         straggler_factor=straggler_factor,
         straggler_checks=straggler_checks,
         auto_repair=auto_repair,

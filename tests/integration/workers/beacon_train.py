@@ -2,7 +2,7 @@
 
 argv: --steps N --ckpt-every K [--ckpt-dir DIR] [--step-s S] [--sync-every M]
 [--fail-at STEP [--fail-first RANK|rotate] [--abort-on-attempt A]] [--tensorboard]
-[--teardown-abort-rank R]
+[--teardown-abort-rank R] [--teardown-hang-rank R]
 
 ``--tensorboard``: rank 0 also writes ``value`` per step with torch's own ``SummaryWriter``
 into ``$TRAINPOD_TENSORBOARD_DIR/script`` (``purge_step`` = the resumed step; flushed at each
@@ -29,6 +29,9 @@ script that never destroyed its process group may (pytorch/pytorch#179291).
 teardown, at once (libstdc++'s ``terminate called without an active exception``, then
 SIGABRT: the message and the abort are this script's, the race in Gloo is not reproduced),
 while the other ranks take a second more to exit 0.
+``--teardown-hang-rank R``: after a finished run rank R never exits, idle (blocked on a lock
+forever after destroying its group, as ``destroy_process_group`` may hang when its peer has
+already gone, pytorch/pytorch#75097); the other ranks exit 0.
 
 ``value`` is the sum over steps s of the all-reduced ``(rank + 1) * s``; with a fixed world
 size W it ends at ``W (W + 1) / 2 * N (N + 1) / 2`` whatever the restarts, when no step is
@@ -43,6 +46,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -82,6 +86,7 @@ def main() -> None:
     ap.add_argument("--abort-on-attempt", type=int, default=None)
     ap.add_argument("--tensorboard", action="store_true")
     ap.add_argument("--teardown-abort-rank", type=int, default=None)
+    ap.add_argument("--teardown-hang-rank", type=int, default=None)
     args = ap.parse_args()
     assert args.ckpt_dir, "no --ckpt-dir and no TRAINPOD_CHECKPOINT_DIR"
     ckpt_dir = Path(args.ckpt_dir)
@@ -150,6 +155,9 @@ def main() -> None:
         sys.stderr.flush()
         os.abort()
     dist.destroy_process_group()
+    if args.teardown_hang_rank == rank:
+        print("stuck in teardown", flush=True)
+        threading.Event().wait()
     if args.teardown_abort_rank is not None:
         time.sleep(1.0)  # the aborted rank is reported first: the controller must wait
     sys.exit(0)
