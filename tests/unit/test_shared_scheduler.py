@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from trainpod.scheduler.base import (
     Hold,
+    Place,
     Preempt,
 )
 from trainpod.scheduler.policy import SharingPolicy, TeamPolicy
@@ -311,6 +312,55 @@ def test_backfill_uses_nodes_the_reservation_does_not_need() -> None:
     assert holds(d)[2].estimated_start == 100.0
 
 
+LENDING = SharingPolicy(min_run_s=0.0, grace_s=5.0)
+
+
+def test_a_preemptible_job_may_start_on_reserved_nodes_far_enough_from_their_owners_start() -> None:
+    run = [running(1, ["gpu-0", "gpu-1"], started=0.0, limit=100.0)]
+    head = queued(2, 4, at=1.0, limit=200.0)
+    long = queued(3, 2, at=2.0, limit=500.0)  # would end long after the head's start (100)
+    d = SharedScheduler(LENDING).plan(snapshot(10.0, [head, long], run))
+    assert [x for x in d if isinstance(x, Place)] == [Place(3, ("gpu-2", "gpu-3"), lent_by=(2,))]
+    assert holds(d)[2].estimated_start == 100.0  # the head's start does not move
+    # too close to the head's start (less than a victim's grace): it waits
+    late = by_kind(SharedScheduler(LENDING).plan(snapshot(96.0, [head, long], run)))
+    assert late["place"] == {} and late["hold"][3] == "behind job 2 (priority normal)"
+    # not preemptible, or the policy says no: it waits, as under Slurm's backfill
+    fixed = replace(long, preemptible=False)
+    assert by_kind(SharedScheduler(LENDING).plan(snapshot(10.0, [head, fixed], run)))["place"] == {}
+    off = replace(LENDING, lend_reserved=False)
+    assert by_kind(SharedScheduler(off).plan(snapshot(10.0, [head, long], run)))["place"] == {}
+    # the default minimum run time (120 s) keeps it off a reservation 90 s away
+    assert by_kind(SharedScheduler().plan(snapshot(10.0, [head, long], run)))["place"] == {}
+
+
+def test_the_owner_of_lent_nodes_preempts_the_borrower_once_it_can_start() -> None:
+    head = queued(2, 4, at=1.0, limit=200.0)
+    borrower = replace(running(3, ["gpu-2", "gpu-3"], started=10.0, limit=500.0), lent_by=(2,))
+    first = running(1, ["gpu-0", "gpu-1"], started=0.0, limit=100.0)
+    sched = SharedScheduler(LENDING)
+    # job 1 still runs: taking the borrower's nodes would not let the head start
+    plan = sched.plan(snapshot(50.0, [head], [first, borrower]))
+    d = by_kind(plan)
+    assert d["preempt"] == {} and d["place"] == {}
+    # its estimate counts on getting them back when job 1 ends, not at the borrower's limit
+    assert holds(plan)[2].estimated_start == 100.0
+    # nor does a later job count on the borrower's nodes at its limit: they are the head's
+    later = queued(5, 2, at=3.0, limit=50.0)
+    assert (
+        holds(sched.plan(snapshot(50.0, [head, later], [first, borrower])))[5].estimated_start
+        == 300.0
+    )
+    # job 1 ended early: the head takes its nodes back from the borrower
+    d = by_kind(sched.plan(snapshot(60.0, [head], [borrower])))
+    assert d["preempt"] == {3: "job 2 needs the nodes it had reserved, lent to this job meanwhile"}
+    assert d["hold"] == {2: "waiting for job 3 to checkpoint and stop (preempted for this job)"}
+    # a job of the same priority that lent it nothing may not
+    other = queued(4, 4, at=0.5, limit=200.0)
+    d = by_kind(sched.plan(snapshot(60.0, [other], [borrower])))
+    assert d["preempt"] == {}
+
+
 def test_without_backfill_a_waiting_job_holds_back_later_ones() -> None:
     run = [running(1, ["gpu-0", "gpu-1"], started=0.0, limit=100.0)]
     queue = [queued(2, 4, at=1.0), queued(3, 1, at=2.0, limit=10.0)]
@@ -347,22 +397,24 @@ def test_priority_comes_before_fair_share_and_age() -> None:
     assert [d[j].position for j in (2, 3, 1)] == [1, 2, 3]
 
 
+REASONS_POLICY = teams(
+    TeamPolicy("vision", {"gpu": 2}, borrow=False), TeamPolicy("nlp", {"gpu": 4})
+)
+REASONS_RUN = [
+    running(1, ["gpu-0", "gpu-1"], team="vision", started=0.0, limit=300.0, priority=HIGH),
+    running(2, ["gpu-2", "gpu-3"], team="nlp", started=0.0, limit=200.0, priority=HIGH),
+]
+REASONS_QUEUE = [
+    queued(10, 1, "vision", at=1.0),
+    queued(11, 2, "nlp", at=2.0, priority=HIGH),
+    queued(12, 1, "nlp", at=3.0, limit=1000.0),
+    queued(13, 1, "nlp", at=4.0, priority=LOW),
+]
+
+
 def test_pending_reasons_positions_and_estimated_starts() -> None:
-    policy = teams(
-        TeamPolicy("vision", {"gpu": 2}, borrow=False),
-        TeamPolicy("nlp", {"gpu": 4}),
-    )
-    run = [
-        running(1, ["gpu-0", "gpu-1"], team="vision", started=0.0, limit=300.0, priority=HIGH),
-        running(2, ["gpu-2", "gpu-3"], team="nlp", started=0.0, limit=200.0, priority=HIGH),
-    ]
-    queue = [
-        queued(10, 1, "vision", at=1.0),
-        queued(11, 2, "nlp", at=2.0, priority=HIGH),
-        queued(12, 1, "nlp", at=3.0, limit=1000.0),
-        queued(13, 1, "nlp", at=4.0, priority=LOW),
-    ]
-    d = SharedScheduler(policy).plan(snapshot(50.0, queue, run, size=5))
+    policy = replace(REASONS_POLICY, lend_reserved=False)
+    d = SharedScheduler(policy).plan(snapshot(50.0, REASONS_QUEUE, REASONS_RUN, size=5))
     assert d == [
         # nlp's high job first: 1 node idle, the other from job 2 at 200
         Hold(11, "waiting for nodes: needs 2, 1 idle in partition gpu", 1, 200.0),
@@ -377,6 +429,25 @@ def test_pending_reasons_positions_and_estimated_starts() -> None:
         # 2's other node at 200, and job 13 one of job 1's at 300
         Hold(12, "behind job 11 (priority high)", 3, 200.0),
         Hold(13, "behind job 11 (priority high)", 4, 300.0),
+    ]
+
+
+def test_a_preemptible_job_borrows_a_reserved_node_its_owner_can_take_back() -> None:
+    # as above, but job 12 may start on job 11's reserved node although its time limit
+    # reaches past job 11's expected start (200): it is preemptible, and 150 s away is more
+    # than a victim's grace. Job 11's start does not move; job 13 gets job 2's other node.
+    d = SharedScheduler(REASONS_POLICY).plan(snapshot(50.0, REASONS_QUEUE, REASONS_RUN, size=5))
+    assert d == [
+        Hold(11, "waiting for nodes: needs 2, 1 idle in partition gpu", 1, 200.0),
+        Hold(
+            10,
+            "waiting for quota: team vision uses 2 of its 2 nodes in partition gpu"
+            " (may not borrow)",
+            2,
+            None,
+        ),
+        Place(12, ("gpu-4",), lent_by=(11,)),
+        Hold(13, "waiting for nodes: needs 1, 0 idle in partition gpu", 3, 200.0),
     ]
 
 

@@ -69,6 +69,8 @@ def random_snapshot(rng: random.Random, size: int = 16) -> Snapshot:
                 stopping=rng.random() < 0.1,
             )
         )
+        if rng.random() < 0.2:  # started on nodes a waiting job had reserved (ADR 0050)
+            run[-1] = replace(run[-1], lent_by=(100 + rng.randrange(12),))
         i += 1
     queue = [
         queued(
@@ -100,6 +102,7 @@ def test_places_never_break_the_quota_rules_nor_share_a_node(seed: int) -> None:
         if isinstance(d, Place):
             q = jobs[d.job_id]
             assert len(d.nodes) == q.nodes and set(d.nodes) <= free and not given & set(d.nodes)
+            assert q.preemptible or not d.lent_by
             given |= set(d.nodes)
             t = RANDOM_POLICY.team(q.team)
             assert t is not None
@@ -165,8 +168,9 @@ class Sim:
             if isinstance(d, Place):
                 q = self.queue.pop(d.job_id)
                 self.started.setdefault(q.id, self.now)
-                self.run[q.id] = running(
-                    q.id, d.nodes, q.team, q.priority, self.now, q.time_limit_s
+                self.run[q.id] = replace(
+                    running(q.id, d.nodes, q.team, q.priority, self.now, q.time_limit_s),
+                    lent_by=d.lent_by,
                 )
             elif isinstance(d, Preempt):
                 self.run[d.job_id] = replace(self.run[d.job_id], stopping=True)
@@ -233,6 +237,32 @@ def test_a_preempted_job_comes_back_and_the_preemptor_waits_for_it_once() -> Non
     assert sim.preempted == [1]  # once, though several passes ran while it stopped
     assert sim.started[2] == 30.0  # its grace period after the preemption at 10
     assert 1 in sim.queue  # back in the queue, waiting for the high job's nodes
+
+
+def _lending_run(lend: bool) -> Sim:
+    """Job 1 (2 nodes) declares 100 s and runs 40; job 2 wants all 4 nodes; job 3 (2
+    nodes, 60 s, declares 500) fits the idle half only by borrowing job 2's reservation."""
+    sim = Sim(SharedScheduler(SharingPolicy(min_run_s=0.0, grace_s=5.0, lend_reserved=lend)), 4)
+    sim.submit(queued(1, 2, limit=100.0), runtime=40.0)
+    sim.step()
+    sim.submit(queued(2, 4, limit=100.0), runtime=50.0)
+    sim.submit(queued(3, 2, limit=500.0), runtime=60.0)
+    for _ in range(100):
+        sim.step()
+        sim.advance(1.0)
+    return sim
+
+
+def test_a_borrower_fills_the_gap_and_gives_the_nodes_back_once_when_asked() -> None:
+    lent, kept = _lending_run(True), _lending_run(False)
+    # without lending, the two idle nodes wait 40 s for job 1 to end; job 3 runs after job 2
+    assert kept.started == {1: 0.0, 2: 40.0, 3: 90.0} and kept.preempted == []
+    # lending: job 3 starts at once, job 2 takes its nodes back when job 1 ends (40 s),
+    # after the grace; job 3 is preempted once and starts again when job 2 is done
+    assert lent.started[3] == 0.0 and lent.preempted == [3]
+    assert lent.started[2] == 45.0  # the grace after job 1's end: no later
+    again = lent.run[3]  # once job 2 ended (95 s): its own nodes now, lent by no one
+    assert (again.started_at, again.lent_by) == (95.0, ())
 
 
 # -- policy input -----------------------------------------------------------------------------

@@ -28,6 +28,7 @@ class PreemptionConfig:
     signal: str = "SIGUSR1"  # a validated name: the agent sends it to every rank's group
     grace_s: float = 30.0  # notice -> teardown (SIGTERM, then SIGKILL after teardown_grace_s)
     min_run_s: float = DEFAULT_MIN_RUN_S  # a job younger than this is not a victim
+    lend_reserved: bool = True  # backfill past a reservation, preemptible (ADR 0050)
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,7 @@ def config_from_record(record: ClusterRecord, paths: ClusterPaths) -> Controller
             signal=spec.preemption.signal,
             grace_s=spec.preemption.grace_s,
             min_run_s=spec.preemption.min_run_s,
+            lend_reserved=spec.preemption.lend_reserved,
         ),
         extra={"cluster_id": f"{spec.name}-{record.created_at:.0f}"},
         priority_classes=spec.priority_classes,

@@ -93,7 +93,8 @@ class Executor:
             if isinstance(d, Hold):
                 holds[d.job_id] = d
             elif isinstance(d, Place):
-                self.tx.start_attempt(self.tx.job(d.job_id), list(d.nodes), now, d.restart_reason)
+                job = self.tx.job(d.job_id)
+                self.tx.start_attempt(job, list(d.nodes), now, d.restart_reason, d.lent_by)
                 changed = True
             else:
                 changed |= self.preempt(d, now)

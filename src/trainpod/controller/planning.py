@@ -104,6 +104,7 @@ class Planner:
                     time_limit_s=s.time_limit_s,
                     last_checkpoint_at=saved.get(a.job_id),
                     stopping=a.state is AttemptState.STOPPING,
+                    lent_by=a.lent_by,
                 )
             )
         rows = sorted(self.store.nodes(), key=self.tx.node_order)

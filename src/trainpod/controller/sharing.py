@@ -37,6 +37,7 @@ def sharing_policy(cfg: ControllerConfig) -> SharingPolicy:
         half_life_s=cfg.fair_share_half_life_s,
         min_run_s=cfg.preemption.min_run_s,
         grace_s=cfg.preemption.grace_s,
+        lend_reserved=cfg.preemption.lend_reserved,
     )
 
 

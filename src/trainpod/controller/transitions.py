@@ -148,15 +148,29 @@ class Transitions:
         return self._ports(addr)
 
     def start_attempt(
-        self, job: JobRow, nodes: list[str], now: float, restart_reason: str = ""
+        self,
+        job: JobRow,
+        nodes: list[str],
+        now: float,
+        restart_reason: str = "",
+        lent_by: tuple[int, ...] = (),
     ) -> AttemptRow:
-        """Create the next attempt of ``job`` on ``nodes`` (allocating them) with a new port."""
+        """Create the next attempt of ``job`` on ``nodes`` (allocating them) with a new port;
+        ``lent_by``: the waiting jobs whose reserved nodes these are (ADR 0050)."""
         spec = self.spec(job)
         number = len(self.store.attempts(job.id)) + 1
         addr = self.address(nodes[0])
         port = self._ports(addr)
         attempt_id = self.store.insert_attempt(
-            job.id, number, nodes, addr, port, spec.procs_per_node or 1, now, restart_reason
+            job.id,
+            number,
+            nodes,
+            addr,
+            port,
+            spec.procs_per_node or 1,
+            now,
+            restart_reason,
+            lent_by,
         )
         for name in nodes:
             self.set_node(self.node(name), NodeState.ALLOCATED, now, job_id=job.id, reason="")
@@ -171,6 +185,7 @@ class Transitions:
                 master_addr=addr,
                 master_port=port,
                 reason=restart_reason,
+                lent_by=lent_by or None,
             ),
         )
         attempt = self.store.attempt(attempt_id)

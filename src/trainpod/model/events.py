@@ -417,6 +417,8 @@ class AttemptCreated(KnownEvent):
     master_port: int | None
     reason: str = field(default="", metadata=_key("restart_reason"))
     """Why this attempt was started: empty for the first, else ``"<cause>: <reason>"``."""
+    lent_by: tuple[int, ...] | None = field(default=None, metadata=_OMIT_NONE)
+    """The waiting jobs whose reserved nodes it was started on (ADR 0050); None: none."""
 
 
 @_register

@@ -53,6 +53,9 @@ class RunningJob:
     time_limit_s: float | None = None
     last_checkpoint_at: float | None = None  # its newest committed checkpoint
     stopping: bool = False  # a preemption or teardown is under way: its nodes come free soon
+    lent_by: tuple[int, ...] = ()
+    """Waiting jobs whose reserved nodes it was started on (backfill past a reservation):
+    each of them may preempt it once it can start, whatever their priorities."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class Place:
     job_id: int
     nodes: tuple[str, ...]
     restart_reason: str = ""
+    lent_by: tuple[int, ...] = ()  # the waiting jobs whose reserved nodes it borrows
 
 
 @dataclass(frozen=True)

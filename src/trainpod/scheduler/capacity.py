@@ -47,6 +47,9 @@ class Group:
     """(version, deadlines ascending, nodes in holes with that deadline or later)."""
     stopping: list[list[int]] = field(default_factory=list)  # [running job, nodes left]
     stopping_left: int = 0  # the sum of those
+    lent: list[tuple[int, list[int], frozenset[int]]] = field(default_factory=list)
+    """(running job, [its nodes here not yet reclaimed], the waiting jobs that lent them):
+    a lender may take them back by preemption (ADR 0050)."""
     future: list[list[float]] = field(default_factory=list)  # heap [time, seq, count, owner]
     finite: int = 0  # nodes in ``future`` with a known time, not yet reserved
 
@@ -165,6 +168,15 @@ class Capacity:
                 g.stopping.append([job, count])
                 g.stopping_left += count
 
+    def add_lent(self, job: int, per_group: dict[str, int], lenders: Iterable[int]) -> None:
+        """A running job started on nodes waiting jobs had reserved: to those jobs its nodes
+        come free one grace period after they ask (they preempt it)."""
+        owners = frozenset(lenders)
+        for name, count in per_group.items():
+            g = self.groups.get(name)
+            if g is not None:
+                g.lent.append((job, [count], owners))
+
     def _push(self, g: Group, time: float, count: int, owner: int) -> None:
         self._seq += 1
         entry = [time, self._seq, count, owner]
@@ -222,6 +234,47 @@ class Capacity:
                 self._push(g, INF if end is None else end, from_free, NO_OWNER)
         chosen.sort(key=self.index.__getitem__)
         return tuple(chosen)
+
+    def lendable(self, groups: frozenset[str], after: float) -> int:
+        """Nodes free now, claimed or not by reservations that start at ``after`` or later:
+        what a job that may be preempted for those reservations could start on now."""
+        return sum(g.free + self._holes_from(g, after) for g in self._ordered(groups))
+
+    def place_lent(
+        self, groups: frozenset[str], n: int, end: float | None, after: float
+    ) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """Take ``n`` nodes now: free ones first, then those of reservations starting at
+        ``after`` or later, the latest first; the caller checked :meth:`lendable`. Returns
+        the nodes and the jobs whose reservations lent some (they may preempt it)."""
+        chosen: list[str] = []
+        owners: set[int] = set()
+        left = n
+        self.version += 1
+        self._idle.clear()
+        for g in self._ordered(groups):
+            use = min(g.free, left)
+            g.free -= use
+            take = use
+            if left > take and g.holes:
+                for h in sorted(g.holes, key=lambda h: -h.deadline):
+                    if h.deadline < after or take == left:
+                        break
+                    lend = min(h.count, left - take)
+                    h.count -= lend
+                    take += lend
+                    owners.add(h.owner)
+                g.holes = [h for h in g.holes if h.count > 0]
+                self._holes_version += 1
+            chosen.extend(g.names[g.taken : g.taken + take])
+            g.taken += take
+            left -= take
+            if use:
+                # lent nodes stay their owner's: its reservation already counts their release
+                self._push(g, INF if end is None else end, use, NO_OWNER)
+            if left == 0:
+                break
+        chosen.sort(key=self.index.__getitem__)
+        return tuple(chosen), tuple(sorted(owners))
 
     def claim_soon(self, groups: frozenset[str], n: int) -> list[int] | None:
         """Claim free and stopping nodes for a job that can start once those jobs have
@@ -300,6 +353,24 @@ class Capacity:
                         got[id(g)] = got.get(id(g), 0) + use
                         left -= use
                         start = max(start, self.soon)
+        if left:
+            # nodes it lent to a running job: its own again once it preempts that job
+            reclaimed: set[int] = set()
+            for g in gs:
+                for job, lent, owners in g.lent:
+                    if left == 0:
+                        break
+                    if owner not in owners or job in self.dead or not lent[0]:
+                        continue
+                    use = min(lent[0], left)
+                    lent[0] -= use
+                    got[id(g)] = got.get(id(g), 0) + use
+                    left -= use
+                    reclaimed.add(job)
+                    start = max(start, self.soon)
+            for job in reclaimed:
+                self.kill(job)  # its release is not anyone else's to count on
+                self.relied_on.add(job)
         consumed: list[tuple[Group, list[float], int]] = []
         if left and sum(g.finite for g in gs) < left:
             left = 0  # what comes free at known times is not enough: no known start

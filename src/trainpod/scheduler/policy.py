@@ -84,6 +84,10 @@ class SharingPolicy:
     min_run_s: float = DEFAULT_MIN_RUN_S  # a job runs this long before it may be preempted
     grace_s: float = 30.0  # a victim's time to checkpoint before it is killed
     backfill: bool = True
+    lend_reserved: bool = True
+    """A preemptible job that fits nodes a waiting job has reserved, but whose time limit
+    (or none) reaches past that job's expected start, may start on them; the waiting job
+    preempts it once it can start (ADR 0050)."""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.teams]
@@ -98,6 +102,12 @@ class SharingPolicy:
             raise ValueError(f"min_run_s is {self.min_run_s!r}; give 0 or more seconds")
         if self.grace_s < 0:
             raise ValueError(f"grace_s is {self.grace_s!r}; give 0 or more seconds")
+
+    @property
+    def lend_min_s(self) -> float:
+        """The least time a job started on lent nodes gets before their owner's expected
+        start: its minimum run time, and no less than a victim's grace."""
+        return max(self.min_run_s, self.grace_s)
 
     def team(self, name: str) -> TeamPolicy | None:
         for t in self.teams:

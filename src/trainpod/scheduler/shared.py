@@ -108,6 +108,8 @@ class Pass:
                 continue
             end = self.expected_end(r)
             self.cap.add_running(r.id, dict(per), end)
+            if r.lent_by:
+                self.cap.add_lent(r.id, dict(per), r.lent_by)
             if end is not None and end > now:
                 self.wakes.add(end)
         self.stopping_use: Counter[Key] = Counter()
@@ -188,13 +190,26 @@ class Pass:
                 behind = f"behind job {first.id} ({label(first.priority, first.priority_class)})"
                 self.hold(job, pos, behind, r.start)
                 return
-        shape = (groups, job.team, job.partition, job.priority, n, job.time_limit_s)
+        shape = (
+            groups,
+            job.team,
+            job.partition,
+            job.priority,
+            job.preemptible,
+            n,
+            job.time_limit_s,
+        )
         settled = self.settled.get(shape)
         if settled is not None and settled[:2] == (self.cap.version, self.quotas.version):
             self.hold(job, pos, settled[2])
             return
         end = None if job.time_limit_s is None else self.now + job.time_limit_s
         refusal = self.quotas.refusal(job.team, job.partition, n)
+        if refusal is None and self.cap.usable(groups, end) >= n:
+            self.place(job, self.cap.place(groups, n, end))
+            return
+        if refusal is None and self.lend(job, end):
+            return
         victims: Victims | None = None
         if self.cap.stuck(groups, n, end):
             victims = self.search.find(job)
@@ -207,11 +222,6 @@ class Pass:
                     self.block(job)
                 self.hold(job, pos, reason)
                 return
-        if refusal is None and self.cap.usable(groups, end) >= n:
-            nodes = self.cap.place(groups, n, end)
-            self.quotas.add(job.team, job.partition, n)
-            self.out.append(Place(job.id, nodes, job.requeued))
-            return
         soon = refusal
         if soon is not None and self.stopping_use:
             soon = self.quotas.refusal(job.team, job.partition, n, self.stopping_use)
@@ -258,6 +268,24 @@ class Pass:
         r = self.cap.reserve(groups, n, job.time_limit_s, job.id)
         self.block(job)
         self.hold(job, pos, reason, r.start)
+
+    def place(self, job: QueuedJob, nodes: tuple[str, ...], lent_by: tuple[int, ...] = ()) -> None:
+        self.quotas.add(job.team, job.partition, job.nodes)
+        self.out.append(Place(job.id, nodes, job.requeued, lent_by=lent_by))
+
+    def lend(self, job: QueuedJob, end: float | None) -> bool:
+        """Start a preemptible ``job`` on nodes that waiting jobs have reserved from a start
+        at least ``lend_min_s`` away, though its time limit (or none) reaches past it: those
+        jobs may preempt it once they can start (ADR 0050). True if placed."""
+        policy = self.policy
+        if not (policy.backfill and policy.lend_reserved and job.preemptible):
+            return False
+        after = self.now + policy.lend_min_s
+        if self.cap.lendable(job.groups, after) < job.nodes:
+            return False
+        nodes, owners = self.cap.place_lent(job.groups, job.nodes, end, after)
+        self.place(job, nodes, owners)
+        return True
 
     def claim_quota(self, job: QueuedJob) -> None:
         """``job`` will start once the jobs it preempts or waits for have stopped: the quota
@@ -314,7 +342,9 @@ class Pass:
             job.groups, job.nodes, {v.id: dict(self.in_groups[v.id]) for v in victims}
         )
         for v in victims:
-            if v.priority < job.priority:
+            if job.id in v.lent_by:
+                why = f"job {job.id} needs the nodes it had reserved, lent to this job meanwhile"
+            elif v.priority < job.priority:
                 why = f"preempted for job {job.id} ({label(job.priority, job.priority_class)})"
             else:
                 why = f"reclaimed for team {job.team}'s quota (job {job.id})"

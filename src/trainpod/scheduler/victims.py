@@ -6,7 +6,8 @@ start), then lowest id. A job may take:
 
 * strictly lower-priority jobs of its own team, of teams that borrow, or of anyone when no
   teams are configured;
-* if its team is within its quota, any work of other teams while they borrow (reclaim).
+* if its team is within its quota, any work of other teams while they borrow (reclaim);
+* a job started on nodes it had reserved (``lent_by``, ADR 0050), whatever its priority.
 
 Never one inside its minimum run time: if only such a set would do, the job waits for the
 time the last of them leaves it, and the set is promised to it (no later job in the pass
@@ -74,6 +75,9 @@ class VictimSearch:
             (r for r in running if r.preemptible and not r.stopping),
             key=lambda r: (r.priority, self.lost_work(r), r.id),
         )
+        self.lenders = {lender for r in self.candidates for lender in r.lent_by}
+        """Waiting jobs whose reserved nodes a running job was started on: they may preempt
+        it whatever the priorities (ADR 0050)."""
         self.near: dict[frozenset[str], list[Candidate]] = {}
         """Groups -> the candidates holding nodes in them, in candidate order."""
         self.no_victims: dict[tuple[frozenset[str], str, str], list[tuple[int, int]]] = {}
@@ -94,8 +98,9 @@ class VictimSearch:
         failed = self.no_victims.setdefault(key, [])
         if not self.candidates:
             return NONE
+        lender = job.id in self.lenders
         for p, n in failed:
-            if job.priority <= p and job.nodes >= n:
+            if job.priority <= p and job.nodes >= n and not lender:
                 return NONE
         near = self.near.get(job.groups)
         if near is None:
@@ -115,8 +120,9 @@ class VictimSearch:
             picked = self.select_candidates(job, seen, base, protected_ok=True)
             if picked is not None:
                 return self.guarded(picked)
-        failed[:] = [(p, n) for p, n in failed if not (p <= job.priority and n >= job.nodes)]
-        failed.append((job.priority, job.nodes))
+        if not lender:  # what a lender finds is its own: it says nothing of others
+            failed[:] = [(p, n) for p, n in failed if not (p <= job.priority and n >= job.nodes)]
+            failed.append((job.priority, job.nodes))
         return NONE
 
     def eligible(
@@ -130,13 +136,20 @@ class VictimSearch:
         active = q.active
         within = q.within(job.team, job.partition, job.nodes)
         dead, relied = self.cap.dead, self.cap.relied_on
+        lender = job.id in self.lenders
         for cand in near:
             c = cand.job
-            lower = c.priority < job.priority
-            if not lower and not within:
-                return  # sorted by priority: no later one is lower either
             if c.id in dead or c.id in relied:
                 continue
+            if job.id in c.lent_by:  # started on nodes this job had reserved (ADR 0050)
+                seen.append(cand)
+                yield cand
+                continue
+            lower = c.priority < job.priority
+            if not lower and not within:
+                if lender:
+                    continue  # a job it lent its nodes to may come later
+                return  # sorted by priority: no later one is lower either
             if active and c.team != job.team:
                 if not q.borrowing(c.team, c.partition):
                     continue
@@ -176,7 +189,13 @@ class VictimSearch:
             if cand.protected and not protected_ok:
                 continue
             c = cand.job
-            if q.active and c.team != job.team and not q.borrowing(c.team, c.partition, minus):
+            lent = job.id in c.lent_by
+            if (
+                q.active
+                and c.team != job.team
+                and not lent
+                and not q.borrowing(c.team, c.partition, minus)
+            ):
                 continue
             chosen.append(cand)
             key = (c.team, c.partition)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
 from trainpod.notice import DEFAULT_SIGNAL, parse_signal
 from trainpod.scheduler.policy import DEFAULT_MIN_RUN_S
@@ -30,6 +30,12 @@ class PreemptionPolicy(BaseModel):
     and has no checkpoint yet, so a stream of higher-priority arrivals would make it thrash;
     a preemptor whose only victims are that young waits for them (at most this long). 0
     makes every running job a victim at once, as Slurm does by default."""
+    lend_reserved: StrictBool = True
+    """Backfill past a reservation: a preemptible job that fits nodes a waiting job has
+    reserved, but whose ``--time`` (or none) reaches past that job's expected start, may
+    start on them when that start is at least ``max(min_run_s, grace_s)`` away; the waiting
+    job preempts it (with this notice) once it can start. False: such a job waits, as under
+    Slurm's backfill. See docs/decisions/0050-backfill-past-reservations.md."""
 
     @field_validator("signal")
     @classmethod

@@ -213,4 +213,9 @@ MIGRATIONS: list[str] = [
     CREATE INDEX attempts_state ON attempts(state);
     CREATE INDEX attempts_ended_at ON attempts(ended_at);
     """,
+    # 13: the waiting jobs whose reserved nodes an attempt was started on (backfill past a
+    # reservation, ADR 0050): each may preempt it, whatever the priorities.
+    """
+    ALTER TABLE attempts ADD COLUMN lent_by TEXT NOT NULL DEFAULT '[]';
+    """,
 ]

@@ -485,11 +485,12 @@ class Store:
         procs_per_node: int,
         ts: float,
         restart_reason: str = "",
+        lent_by: tuple[int, ...] = (),
     ) -> int:
         self.work_version += 1
         cur = self._conn.execute(
             "INSERT INTO attempts(job_id, number, state, nodes, master_addr, master_port, "
-            "created_at, restart_reason) VALUES(?,?,?,?,?,?,?,?)",
+            "created_at, restart_reason, lent_by) VALUES(?,?,?,?,?,?,?,?,?)",
             (
                 job_id,
                 number,
@@ -499,6 +500,7 @@ class Store:
                 master_port,
                 ts,
                 restart_reason,
+                json.dumps(list(lent_by)),
             ),
         )
         attempt_id = int(cur.lastrowid or 0)

@@ -157,6 +157,8 @@ class AttemptRow:
     failure: Failure = field(default_factory=Failure)
     restart_reason: str = ""
     in_process: InProcess = field(default_factory=InProcess)
+    lent_by: tuple[int, ...] = ()
+    """Waiting jobs whose reserved nodes it was started on (ADR 0050)."""
 
     @classmethod
     def from_sql(cls, r: sqlite3.Row) -> AttemptRow:
@@ -175,6 +177,7 @@ class AttemptRow:
             failure=Failure.from_json(json.loads(r["failure"])),
             restart_reason=r["restart_reason"],
             in_process=InProcess.from_json(json.loads(r["in_process"])),
+            lent_by=tuple(int(j) for j in json.loads(r["lent_by"])),
         )
 
 
