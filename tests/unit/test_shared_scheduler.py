@@ -332,6 +332,14 @@ def test_a_preemptible_job_may_start_on_reserved_nodes_far_enough_from_their_own
     assert by_kind(SharedScheduler(off).plan(snapshot(10.0, [head, long], run)))["place"] == {}
     # the default minimum run time (120 s) keeps it off a reservation 90 s away
     assert by_kind(SharedScheduler().plan(snapshot(10.0, [head, long], run)))["place"] == {}
+    # a reservation with no known start (job 1 declared no limit) may need its nodes any
+    # moment: it lends nothing (to a job that declares no limit either)
+    endless = [running(1, ["gpu-0", "gpu-1"], started=0.0)]
+    unbounded = queued(3, 2, at=2.0)
+    d = SharedScheduler(LENDING).plan(snapshot(10.0, [head, unbounded], endless))
+    assert by_kind(d)["place"] == {} and holds(d)[2].estimated_start is None
+    d = SharedScheduler(LENDING).plan(snapshot(10.0, [head, unbounded], run))
+    assert [x for x in d if isinstance(x, Place)] == [Place(3, ("gpu-2", "gpu-3"), lent_by=(2,))]
 
 
 def test_the_owner_of_lent_nodes_preempts_the_borrower_once_it_can_start() -> None:

@@ -236,9 +236,13 @@ class Capacity:
         return tuple(chosen)
 
     def lendable(self, groups: frozenset[str], after: float) -> int:
-        """Nodes free now, claimed or not by reservations that start at ``after`` or later:
-        what a job that may be preempted for those reservations could start on now."""
-        return sum(g.free + self._holes_from(g, after) for g in self._ordered(groups))
+        """Nodes free now, claimed or not by reservations with a known start at ``after`` or
+        later: what a job that may be preempted for those reservations could start on now.
+        (A reservation with no known start may need its nodes any moment.)"""
+        return sum(
+            g.free + self._holes_from(g, after) - self._holes_from(g, INF)
+            for g in self._ordered(groups)
+        )
 
     def place_lent(
         self, groups: frozenset[str], n: int, end: float | None, after: float
@@ -257,6 +261,8 @@ class Capacity:
             take = use
             if left > take and g.holes:
                 for h in sorted(g.holes, key=lambda h: -h.deadline):
+                    if h.deadline == INF:
+                        continue
                     if h.deadline < after or take == left:
                         break
                     lend = min(h.count, left - take)
