@@ -2,7 +2,8 @@
 Slurm, side by side in one run.
 
     .venv/bin/python benchmarks/scheduling.py [--runs 5] [--quick]
-        [--sides trainpod,slurm,slurm-grace] [--json benchmarks/results/scheduling.json]
+        [--sides trainpod,trainpod-strict,slurm,slurm-grace]
+        [--json benchmarks/results/scheduling.json]
 
 The trace (``benchmarks/schedulingkit.py``, parameters at its top, from a seed): 200 jobs of
 1-6 nodes, a few seconds each, priority class high/normal/low, from three teams (one user
@@ -22,6 +23,9 @@ Sides (each replay on a fresh cluster; the order rotates from run to run):
   ``preemption: {signal: SIGUSR1, grace_s: 5}``. Each job is submitted over HTTP by its
   team's user with their own token (``priority_class``, ``--time``), so its owner and team
   are the caller's.
+* ``trainpod-strict``: the same with ``preemption.lend_reserved: false``: no job starts on
+  nodes a waiting job reserved unless its ``--time`` ends before that job's start (Slurm's
+  rule; trainpod's before ADR 0050).
 * ``slurm``: a private Slurm 22.05 (``benchmarks/schedulingslurm.py``: slurm-ci's settings
   plus preemption, 6 nodes of 1 CPU), ``priority/multifactor``, ``sched/backfill`` with the
   same ``--time``, ``preempt/partition_prio`` with ``PreemptMode=REQUEUE``: one partition per
@@ -97,7 +101,8 @@ from benchmarks.schedulingslurm import SlurmCluster, private_slurm  # noqa: E402
 
 WORKER = REPO / "benchmarks" / "workers" / "trace_job.py"
 GRACE_S = 5
-SIDES = ("trainpod", "slurm", "slurm-grace")
+SIDES = ("trainpod", "trainpod-strict", "slurm", "slurm-grace")
+TRAINPOD_SIDES = {"trainpod": True, "trainpod-strict": False}  # side -> lend_reserved
 
 
 @dataclass
@@ -258,6 +263,7 @@ preemption:
   signal: SIGUSR1
   grace_s: {grace}
   min_run_s: 0  # as Slurm's PreemptExemptTime default, so both sides compare like for like
+  lend_reserved: {lend}
 priority_classes:
   - {{name: high, value: 1000, preemptible: false}}
   - {{name: normal, value: 100, default: true}}
@@ -271,17 +277,24 @@ fair_share:
 """
 
 
-def trainpod_spec(name: str, params: TraceParams, quota: int) -> str:
+def trainpod_spec(name: str, params: TraceParams, quota: int, lend: bool = True) -> str:
     teams = "\n".join(
         f"  - {{name: {t}, quota: {{default: {quota}}}, weight: 1, lend: true, borrow: true}}"
         for t in params.teams
     )
     users = "\n".join(f"  - {{name: {t}-user, team: {t}}}" for t in params.teams)
-    return SPEC.format(name=name, nodes=params.nodes, grace=GRACE_S, teams=teams, users=users)
+    return SPEC.format(
+        name=name,
+        nodes=params.nodes,
+        grace=GRACE_S,
+        teams=teams,
+        users=users,
+        lend="true" if lend else "false",
+    )
 
 
 def replay_trainpod(
-    trace: Sequence[TraceJob], params: TraceParams, work: Path, quota: int
+    trace: Sequence[TraceJob], params: TraceParams, work: Path, quota: int, side: str = "trainpod"
 ) -> Replay:
     from trainpod.api.models import NewToken
     from trainpod.backends.local import LocalBackend
@@ -294,7 +307,7 @@ def replay_trainpod(
 
     name = "bench-sched"
     spec_path = work / f"{name}.yaml"
-    spec_path.write_text(trainpod_spec(name, params, quota))
+    spec_path.write_text(trainpod_spec(name, params, quota, TRAINPOD_SIDES[side]))
     paths = ClusterPaths.of(name)
     backend = LocalBackend(paths)
     jobs_dir = work / "jobs"
@@ -354,7 +367,7 @@ def replay_trainpod(
                 src.backup(dst)
         if paths.record.exists():
             backend.delete(purge=True)
-    return Replay("trainpod", outcomes_of(trace, submitted, jobs_dir), submitted, started,
+    return Replay(side, outcomes_of(trace, submitted, jobs_dir), submitted, started,
                   end, load.samples, problems)  # fmt: skip
 
 
@@ -500,8 +513,9 @@ def main() -> int:
             work = root / f"run{run + 1}-{side}"
             work.mkdir(parents=True)
             t0 = time.monotonic()
-            if side == "trainpod":
-                rep = replay_trainpod(trace, params, work, args.team_quota or params.nodes)
+            if side in TRAINPOD_SIDES:
+                quota = args.team_quota or params.nodes
+                rep = replay_trainpod(trace, params, work, quota, side)
             else:
                 rep = replay_slurm(side, trace, params, work)
             wall = time.monotonic() - t0
