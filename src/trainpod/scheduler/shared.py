@@ -8,6 +8,9 @@ job, in turn:
 2. if the quota rules (:mod:`trainpod.scheduler.quota`) allow it and enough nodes of its
    partition are free now (free nodes an earlier job has claimed count only for a job whose
    time limit ends before that job's expected start: backfill), it is placed;
+2b. else, if it is preemptible and enough nodes are free counting those that waiting jobs
+   reserved from a known start at least ``max(min_run_s, grace_s)`` away, it is placed on
+   them, *lent*: each such job may preempt it once it can start (ADR 0050);
 3. else, if nodes of jobs being stopped would make it fit, it claims them and waits: no one
    is preempted twice for the same need, and the quota they give back is its own (steps 3
    and 4: no later job of its team is placed on it meanwhile, to be its next victim);
