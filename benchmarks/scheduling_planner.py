@@ -7,8 +7,9 @@ jobs of mixed priority, size and time limit (some stopping, some past a checkpoi
 queue of mixed jobs. It times :meth:`SharedScheduler.plan` on a fresh scheduler (nothing
 remembered between passes) at each queue length, ``--runs`` times (default 7), and reports
 the median with the min/max spread (and the median CPU time of the process, which a busy box
-inflates less), the decisions of one pass, and the machine's load average (the box is
-shared: read the spread with it). Target: one pass under 100 ms at 10,000 queued
+inflates less; beside it, interleaved, the CPU time of the same pass with
+``lend_reserved=False``, ADR 0050), the decisions of one pass, and the machine's load
+average (the box is shared: read the spread with it). Target: one pass under 100 ms at 10,000 queued
 jobs on 2,000 nodes.
 
 Run it from the repository root::
@@ -20,6 +21,7 @@ Run it from the repository root::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -139,14 +141,19 @@ def measure(nodes: int, length: int, runs: int, seed: int) -> dict[str, Any]:
     usage = {"vision": 9.0e6, "nlp": 4.0e6, "speech": 1.0e6}
     snap = Snapshot(NOW, tuple(jobs), tuple(running), tuple(slots), usage)
     pol = policy(nodes)
-    samples, cpu = [], []
+    strict = dataclasses.replace(pol, lend_reserved=False)  # ADR 0050 off: the same pass
+    samples, cpu, strict_cpu = [], [], []
     decisions = SharedScheduler(pol).plan(snap)  # warm-up; also the decisions reported
-    for _ in range(runs):
+    SharedScheduler(strict).plan(snap)
+    for _ in range(runs):  # interleaved, so both see the same load
         sched = SharedScheduler(pol)
         t0, c0 = time.perf_counter(), time.process_time()
         sched.plan(snap)
         samples.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
+        c0 = time.process_time()
+        SharedScheduler(strict).plan(snap)
+        strict_cpu.append(time.process_time() - c0)
     holds = [d for d in decisions if isinstance(d, Hold)]
     return {
         "queue": length,
@@ -159,6 +166,8 @@ def measure(nodes: int, length: int, runs: int, seed: int) -> dict[str, Any]:
         "max_s": max(samples),
         "cpu_samples_s": cpu,
         "cpu_median_s": statistics.median(cpu),
+        "strict_cpu_median_s": statistics.median(strict_cpu),
+        "lent": sum(1 for d in decisions if isinstance(d, Place) and d.lent_by),
         "placed": sum(1 for d in decisions if isinstance(d, Place)),
         "preempted": sum(1 for d in decisions if isinstance(d, Preempt)),
         "held": len(holds),
@@ -173,14 +182,15 @@ def report_text(res: dict[str, Any]) -> str:
         f" {res['machine']['loadavg'][2]:.2f} on {res['machine']['cpu_count']} CPUs,"
         f" Python {res['machine']['python']})",
         f"  {'queued':>7} {'median ms':>10} {'min ms':>8} {'max ms':>8} {'cpu ms':>7} {'placed':>7}"
-        f" {'preempt':>8} {'held':>6} {'w/ est.':>8}",
+        f" {'preempt':>8} {'held':>6} {'w/ est.':>8} {'lent':>5} {'strict cpu ms':>14}",
     ]
     for row in res["rows"]:
         lines.append(
             f"  {row['queue']:>7,} {row['median_s'] * 1e3:10.1f} {row['min_s'] * 1e3:8.1f}"
             f" {row['max_s'] * 1e3:8.1f} {row['cpu_median_s'] * 1e3:7.1f} {row['placed']:>7}"
             f" {row['preempted']:>8}"
-            f" {row['held']:>6} {row['held_with_estimate']:>8}"
+            f" {row['held']:>6} {row['held_with_estimate']:>8} {row['lent']:>5}"
+            f" {row['strict_cpu_median_s'] * 1e3:14.1f}"
         )
     verdict = "PASS" if res["pass"] else "FAIL"
     lines.append(

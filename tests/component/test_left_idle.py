@@ -49,6 +49,7 @@ def test_a_rank_idle_after_every_peer_exited_0_is_stopped_and_the_job_completes(
         "succeeded",
     )
     assert "rank 3 on workers-1 stayed running, idle" in (info.reason or "")
+    assert (info.attempts[0].cause, info.attempts[0].fault) == ("left_idle", "")  # no fault
     assert not c.events("recovery_decision", job_id=job)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from trainpod.cli.jobs import print_job
+from trainpod.cli.render import console
 from trainpod.controller.config import PreemptionConfig
 from trainpod.testing import FakeClock, FakeGroup, make_config
 
@@ -39,6 +41,12 @@ def test_a_borrower_runs_on_reserved_nodes_until_their_owner_can_start(tmp_path:
     assert created.data["lent_by"] == [head]
     assert c.job(head).state == "queued"
     assert c.job(head).estimated_start is not None
+    assert info.attempts[-1].lent_by == [head]  # the API says so, and `trainpod show`:
+    with console.capture() as shown:
+        print_job(info)
+    assert f"on nodes reserved by job {head}: preempted, with notice, when it can start" in (
+        shown.get()
+    )
 
     c.clock.advance(2)
     c.restart_controller()  # who lent the nodes is in the store, not only in memory

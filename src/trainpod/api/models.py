@@ -398,6 +398,11 @@ class AttemptInfo(_Model):
         description="its process group's generation: how often it was recovered in process "
         "(ADR 0026/0035); 0: never",
     )
+    lent_by: list[int] = Field(
+        default_factory=list,
+        description="waiting jobs whose reserved nodes it started on (ADR 0050): each may "
+        "preempt it once it can start",
+    )
     generation_confirmed: bool = Field(
         default=True,
         description="every rank beaconed that it joined the newest generation (False while "

@@ -302,6 +302,11 @@ def print_job(job: JobInfo) -> None:
         if a.generation:  # recovered in process (ADR 0026/0035)
             how = "confirmed" if a.generation_confirmed else "being formed"
             console.print(f"    generation {a.generation} ({how})")
+        if a.lent_by and not a.state.ended:  # backfill past a reservation (ADR 0050)
+            jobs = ", ".join(str(j) for j in a.lent_by)
+            console.print(
+                f"    on nodes reserved by job {jobs}: preempted, with notice, when it can start"
+            )
         for r in a.ranks:
             how = f"exit {r.exit_code}" if r.signal is None else f"signal {r.signal}"
             how = how if r.state == "exited" else r.state

@@ -31,7 +31,7 @@ from trainpod.controller.access import HIDDEN, Principal, sees_env
 from trainpod.controller.books import BeaconBook
 from trainpod.controller.checkpoints import CheckpointEvents
 from trainpod.controller.transitions import Transitions
-from trainpod.model.states import JobState
+from trainpod.model.states import AttemptState, JobState
 from trainpod.scheduler.base import Hold
 from trainpod.spec.job import JobSpec
 from trainpod.store.repo import Store
@@ -326,11 +326,15 @@ def _attempt_info(a: AttemptRow, ranks: list[RankRow]) -> AttemptInfo:
         started_at=a.started_at,
         ended_at=a.ended_at,
         cause=a.cause,
-        fault=(a.failure.classified.kind if a.failure.classified else "") or a.cause,
+        # a success is no fault, whatever stopped its last ranks (ADR 0049)
+        fault=""
+        if a.state is AttemptState.SUCCEEDED
+        else (a.failure.classified.kind if a.failure.classified else "") or a.cause,
         failure=a.failure.to_json(),
         ranks=[RankInfo.model_validate(r, from_attributes=True) for r in ranks],
         generation=a.in_process.generation,
         generation_confirmed=not a.in_process.pending,
+        lent_by=list(a.lent_by),
     )
 
 
