@@ -243,16 +243,20 @@ def test_an_object_store_without_its_fsspec_backend_is_a_config_error() -> None:
 
 
 class _StillWriting:
-    """An abandoned pipeline whose writer has not ended yet."""
+    """An abandoned pipeline whose writer has not ended yet, given steps up to ``highest``."""
 
-    def __init__(self) -> None:
+    def __init__(self, highest: int) -> None:
         self.alive = True
+        self.highest = highest
 
     def busy(self) -> bool:
         return self.alive
 
+    def may_write(self, step: int) -> bool:
+        return self.alive and step <= self.highest
 
-def test_rebind_keeps_the_schedule_and_skips_saves_while_an_old_writer_runs(
+
+def test_rebind_keeps_the_schedule_and_skips_the_steps_an_old_writer_may_still_write(
     tmp_path: Path,
 ) -> None:
     events: list[tuple[str, int]] = []
@@ -266,17 +270,19 @@ def test_rebind_keeps_the_schedule_and_skips_saves_while_an_old_writer_runs(
         # loaded box once saw the copier alive after the writer's join)
         wait_until(lambda: not old.busy(), timeout_s=60, what="the old pipeline's threads")
         assert old.cw.closed is not None  # the old group refuses collectives now
+        assert not old.may_write(2)  # it was given step 2, but its threads have ended
         assert not ck.due(2)  # the schedule survived: step 2 is saved already
         assert ck.due(4)
-        stuck = _StillWriting()
+        stuck = _StillWriting(highest=4)  # its group reached step 4, then was re-formed
         ck._abandoned.append(stuck)  # type: ignore[arg-type]
         ck.save(4, make_state(4.0))
         assert ck.wait(30)
         assert ("skipped", 4) in events and ck.progress().committed["memory"] == 2
-        stuck.alive = False
+        # past the old group's steps the saves go on, though its thread is still stuck
         ck.save(6, make_state(6.0))
         assert ck.wait(30)
         assert ck.progress().committed == {"memory": 6, "scratch": 6, "durable": 6}
+        assert stuck.alive
     state = make_state()
     with checkpointer(tmp_path) as fresh:
         assert fresh.load_latest(state) == 6

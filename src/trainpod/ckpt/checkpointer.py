@@ -470,9 +470,9 @@ class Checkpointer:
             self._saved_step, self._next_due, last, self._pipe.agreed = known[0]
             self._last_step = max(self._last_step, last)
 
-    def _old_busy(self) -> bool:
-        """Whether a pipeline of an earlier process group may still write (writer threads)."""
-        return any(p.busy() for p in list(self._abandoned))
+    def _old_busy(self, step: int) -> bool:
+        """Whether a pipeline of an earlier process group may still write ``step``'s files."""
+        return any(p.may_write(step) for p in list(self._abandoned))
 
     def _agent_link(
         self, agent: bool | None, custom_tiers: bool, config: TierConfig

@@ -69,14 +69,15 @@ class Pipeline:
         retry_max_s: float = 60.0,
         agent: AgentPersistence | None = None,
         targets: list[FsTier] | None = None,
-        blocked: Callable[[], bool] | None = None,
+        blocked: Callable[[int], bool] | None = None,
     ) -> None:
         """With ``agent``, ``copies`` are the tiers the agent's persister fills (for
         :meth:`progress`); this process copies nothing. ``targets``: the tiers a step may be
         written into, fastest first (default: the primary alone; see
-        :mod:`trainpod.ckpt.placing`). ``blocked``: true while an abandoned pipeline of this
-        rank may still write (:meth:`abandon`); a snapshot is skipped on every rank while
-        it is true on any, so two generations never write one step's files at once."""
+        :mod:`trainpod.ckpt.placing`). ``blocked(step)``: true while an abandoned pipeline of
+        this rank may still write that step's files (:meth:`abandon`, :meth:`may_write`); a
+        snapshot is skipped on every rank while it is true on any, so two generations never
+        write one step's files at once."""
         self.ctx, self.cw, self.cc = ctx, write_coll, copy_coll
         self.agent = agent
         self.agent_tiers = [t.name for t in copies] if agent is not None else []
@@ -87,7 +88,7 @@ class Pipeline:
         self._sources: dict[int, FsTier] = {}
         """step -> the tier it was written into, where not the primary."""
         self._report, self._hook = report, on_event
-        self._blocked = blocked or (lambda: False)
+        self._blocked = blocked or (lambda step: False)
         self.retry_base_s, self.retry_max_s = retry_base_s, retry_max_s
         self.staging_free = threading.Event()
         self.staging_free.set()
@@ -98,6 +99,9 @@ class Pipeline:
         self._cond = threading.Condition()
         self._inflight = 0
         self._latest_local: int | None = None
+        self._highest: int | None = None
+        """The highest step this pipeline was given or inherited: its threads never write
+        the files of a later one."""
         self._copied_through: int | None = None
         self._attempted: int | None = None
         self._retry_at: float | None = None
@@ -134,6 +138,7 @@ class Pipeline:
         self.staging_free.clear()
         with self._cond:
             self._inflight += 1
+            self._highest = snap.step if self._highest is None else max(self._highest, snap.step)
         self._q.put(snap)
 
     def wait(self, timeout_s: float | None = None, *, local_only: bool = False) -> bool:
@@ -213,11 +218,22 @@ class Pipeline:
         with self._cond:
             self._committed.update(committed)
             self._latest_local, self._copied_through = latest, copied
+            if latest is not None:
+                self._highest = latest if self._highest is None else max(self._highest, latest)
             self.agreed = agreed
 
     def busy(self) -> bool:
         """Whether a thread of this pipeline still runs (after :meth:`abandon`: may write)."""
         return self._writer.is_alive() or self._copier.is_alive()
+
+    def may_write(self, step: int) -> bool:
+        """Whether a thread of this pipeline may still write ``step``'s files: it runs, and
+        it was given (or inherited) that step or a later one. A re-formed group rolls back
+        by at most a checkpoint interval, so its saves are held only until it passes the
+        old group's steps, however long an old thread stays blocked."""
+        with self._cond:
+            highest = self._highest
+        return highest is not None and step <= highest and self.busy()
 
     def progress(self) -> Progress:
         if self.agent is not None:
@@ -304,7 +320,7 @@ class Pipeline:
     def _write(self, snap: Snapshot) -> None:
         ctx, step = self.ctx, snap.step
         pre = self.cw.all_gather(
-            (snap.proposal, snap.stall_s, ctx.node, snap.nbytes, self._blocked())
+            (snap.proposal, snap.stall_s, ctx.node, snap.nbytes, self._blocked(step))
         )
         stalls = [p[1] for p in pre if p[1] is not None]
         stall = max(stalls) if stalls else None
@@ -319,8 +335,8 @@ class Pipeline:
             snap.staged = {}
             self.staging_free.set()
             why = (
-                f"step {step} skipped: the writer of the process group before the last "
-                f"in-process recovery still runs on rank {', '.join(map(str, busy))}"
+                f"step {step} skipped: a thread of the process group before an in-process "
+                f"recovery may still write it on rank {', '.join(map(str, busy))}"
             )
             log.warning("rank %d: %s", ctx.rank, why)
             self._event("skipped", step)
