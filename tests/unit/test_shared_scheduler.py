@@ -328,6 +328,8 @@ def test_a_preemptible_job_may_start_on_reserved_nodes_far_enough_from_their_own
     # not preemptible, or the policy says no: it waits, as under Slurm's backfill
     fixed = replace(long, preemptible=False)
     assert by_kind(SharedScheduler(LENDING).plan(snapshot(10.0, [head, fixed], run)))["place"] == {}
+    shell = replace(long, interactive=True)  # an allocation a person works in
+    assert by_kind(SharedScheduler(LENDING).plan(snapshot(10.0, [head, shell], run)))["place"] == {}
     off = replace(LENDING, lend_reserved=False)
     assert by_kind(SharedScheduler(off).plan(snapshot(10.0, [head, long], run)))["place"] == {}
     # the default minimum run time (120 s) keeps it off a reservation 90 s away

@@ -83,6 +83,7 @@ class Planner:
                     priority_class=s.priority_class,
                     preemptible=s.preemptible,
                     time_limit_s=s.time_limit_s,
+                    interactive=s.interactive,
                 )
             )
         saved = self.store.last_checkpoints([a.job_id for a in active])

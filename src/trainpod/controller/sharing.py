@@ -52,6 +52,7 @@ class Shape:
     priority_class: str
     preemptible: bool
     time_limit_s: float | None
+    interactive: bool = False
 
 
 @dataclass
@@ -76,6 +77,7 @@ class Shapes:
                 priority_class=cls.name if cls is not None else "",
                 preemptible=cls.preemptible if cls is not None else True,
                 time_limit_s=spec.time_limit_s(),
+                interactive=spec.interactive,
             )
             self._by_job[job.id] = shape
         return shape

@@ -36,6 +36,7 @@ class QueuedJob:
     priority_class: str = ""  # that class's name, for reasons
     preemptible: bool = True  # may be stopped for higher work once it runs
     time_limit_s: float | None = None  # declared run time (--time); None: unknown
+    interactive: bool = False  # an allocation a person works in: never on lent nodes
 
 
 @dataclass(frozen=True)

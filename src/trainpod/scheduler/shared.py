@@ -198,7 +198,7 @@ class Pass:
             job.team,
             job.partition,
             job.priority,
-            job.preemptible,
+            job.preemptible and not job.interactive,
             n,
             job.time_limit_s,
         )
@@ -283,6 +283,8 @@ class Pass:
         policy = self.policy
         if not (policy.backfill and policy.lend_reserved and job.preemptible):
             return False
+        if job.interactive:
+            return False  # a person's shell is not started where it will be taken away
         after = self.now + policy.lend_min_s
         if self.cap.lendable(job.groups, after) < job.nodes:
             return False
