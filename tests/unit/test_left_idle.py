@@ -5,6 +5,9 @@ fake counters and on real processes."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -159,12 +162,15 @@ def start() -> Iterator[Start]:
     procs: list[subprocess.Popen[bytes]] = []
 
     def run(code: str) -> subprocess.Popen[bytes]:
-        procs.append(subprocess.Popen([sys.executable, "-c", code]))
+        # a session of its own: its children go with it (a spinning grandchild left behind
+        # would eat a core for the rest of the run)
+        procs.append(subprocess.Popen([sys.executable, "-c", code], start_new_session=True))
         return procs[-1]
 
     yield run
     for p in procs:
-        p.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
         p.wait()
 
 
