@@ -117,3 +117,18 @@ def test_a_rank_idle_since_before_its_peers_ended_still_waits_from_their_end(
     assert c.job(job).attempts[0].state == "running"
     c.tick(31)
     assert c.job(job).attempts[0].state == "stopping"
+
+
+def test_a_cancel_while_an_idle_rank_is_torn_down_ends_cancelled(make: Make) -> None:
+    c = make(exit_wait_s=60)
+    job = c.submit(auto_resume=True)
+    attempt_id = c.start(job)
+    _finish_all_but_rank_3(c, job, attempt_id)
+    c.agents["workers-1"].set_idle(attempt_id, 3, True)
+    c.tick(61)
+    assert c.job(job).attempts[0].state == "stopping"
+    c.controller.cancel(job)
+    c.teardown(job, ["workers-1"])
+    info = c.job(job)
+    assert (info.state, info.attempts[0].state) == ("cancelled", "cancelled")
+    assert not c.events("recovery_decision", job_id=job)

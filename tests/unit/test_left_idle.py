@@ -16,7 +16,13 @@ import pytest
 from tests.unit.test_judge import attempt, rank
 
 from trainpod.agent.idle import CHILDREN_WINDOW_S, WINDOW_S, IdleMeter, tree_cpu_s
-from trainpod.controller.judge import CAUSE_LEFT_IDLE, describe_left_idle, judge, left_idle
+from trainpod.controller.judge import (
+    CAUSE_CANCEL,
+    CAUSE_LEFT_IDLE,
+    describe_left_idle,
+    judge,
+    left_idle,
+)
 from trainpod.model.failures import Failure
 from trainpod.model.states import AttemptState, RankState
 from trainpod.store.rows import RankRow
@@ -71,7 +77,8 @@ def test_once_torn_down_the_stopped_attempt_succeeded_with_the_reason() -> None:
     still = judge(stopping, [*PEERS_DONE, rank(2)], cancel_requested=False)
     assert still is None  # waits for the SIGTERM to take
     cancelled = judge(stopping, ranks, cancel_requested=True)
-    assert cancelled is not None and cancelled.state is A.FAILED  # a cancel is not a success
+    assert cancelled is not None  # a cancel meanwhile: cancelled, neither success nor failure
+    assert (cancelled.state, cancelled.cause) == (A.CANCELLED, CAUSE_CANCEL)
 
 
 # -- the measure --------------------------------------------------------------------------

@@ -111,7 +111,9 @@ def judge(
             return None
         if attempt.cause == CAUSE_CANCEL:
             return Verdict(AttemptState.CANCELLED, CAUSE_CANCEL, attempt.failure)
-        if attempt.cause == CAUSE_LEFT_IDLE and not cancel_requested:
+        if attempt.cause == CAUSE_LEFT_IDLE:  # its work was done: no failure either way
+            if cancel_requested:
+                return Verdict(AttemptState.CANCELLED, CAUSE_CANCEL)
             return Verdict(AttemptState.SUCCEEDED, note=attempt.failure.reason or "")
         return Verdict(AttemptState.FAILED, attempt.cause, attempt.failure)
 
