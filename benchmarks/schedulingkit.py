@@ -496,13 +496,15 @@ class Preemption:
     """Notice -> checkpoint written (None: no save on a notice)."""
     preemptor: int | None
     notice_to_preemptor_step_s: float | None
-    """Notice (or end, without one) -> the first step of the job that took its nodes."""
+    """Notice (or end, without one) -> the preemptor's first step (see :func:`preemptions`)."""
 
 
 def preemptions(outcomes: Sequence[JobOutcome]) -> list[Preemption]:
     """Every attempt followed by another one of its job (unless it had done its last step),
-    with the work it lost and the job
-    (of a higher class, on a node it held) that started next on its nodes."""
+    with the work it lost and its preemptor: the first job of the victim's class or higher
+    to run a step on one of its nodes after the notice. The same class counts: a job that
+    lent its reserved nodes to a borrower (ADR 0050) takes them back whatever the classes;
+    a lower class never preempts."""
     runs = [(o, a) for o in outcomes for a in o.attempts if a.first_step_t is not None or a.nodes]
     out = []
     for o in outcomes:
@@ -522,7 +524,7 @@ def preemptions(outcomes: Sequence[JobOutcome]) -> list[Preemption]:
                 first = b.first_step_t
                 if (
                     other.job.index == o.job.index
-                    or CLASS_RANK[other.job.priority_class] <= rank
+                    or CLASS_RANK[other.job.priority_class] < rank
                     or b.started_t < told - 0.5
                     or first is None
                     or not set(b.nodes) & set(a.nodes)

@@ -185,14 +185,25 @@ def test_a_preemption_with_notice_loses_only_the_save() -> None:
     assert within_target(p, grace_s=0.5)
 
 
+def test_a_same_class_job_that_takes_the_nodes_back_is_the_preemptor() -> None:
+    # A lender of reserved nodes (ADR 0050) preempts its borrower whatever the classes.
+    victim = JobOutcome(_job(0, "normal"), 99.0, parse_log(LOG.splitlines()))
+    lender = Attempt(started_t=103.7, resumed_step=0, nodes=("node1",), steps=[(1, 104.2)])
+    later_high = Attempt(started_t=105.0, resumed_step=0, nodes=("node1",), steps=[(1, 106.0)])
+    outcomes = [victim, JobOutcome(_job(1, "normal"), 90.0, [lender])]
+    (p,) = preemptions([*outcomes, JobOutcome(_job(2, "high"), 104.0, [later_high])])
+    assert p.preemptor == 1
+    assert p.notice_to_preemptor_step_s == pytest.approx(0.7)
+
+
 def test_a_kill_without_notice_loses_the_steps_since_the_checkpoint() -> None:
     killed = Attempt(started_t=0.0, resumed_step=0, nodes=("node1",))
     killed.steps = [(n, float(n)) for n in range(1, 7)]
     killed.last_t = 6.4
     again = Attempt(started_t=10.0, resumed_step=4, nodes=("node1",))
-    # a same-class job on the node is not its preemptor
+    # a lower-class job on the node is not its preemptor
     other = JobOutcome(_job(1, "low"), 0.0, [Attempt(7.0, 0, ("node1",), [(1, 8.0)])])
-    (p,) = preemptions([JobOutcome(_job(0), 0.0, [killed, again]), other])
+    (p,) = preemptions([JobOutcome(_job(0, "normal"), 0.0, [killed, again]), other])
     assert (p.lost_steps, p.notice_t, p.preemptor) == (2, None, None)
     assert p.lost_s == pytest.approx(2.4)  # step 4 done at 4.0, killed at 6.4
     assert p.stall_s is None
