@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
 import textwrap
@@ -22,7 +23,7 @@ import pytest
 from trainpod.agent.launcher import Launcher
 from trainpod.agent.ranks import Notice, ignore_notice_signal
 from trainpod.agent.warmstart import WarmStarter, agents_zygote_env, plan
-from trainpod.agent.zygote import Plan
+from trainpod.agent.zygote import Plan, Spare, Zygote
 from trainpod.api.models import LaunchOrder, RankReport, RankSlot
 from trainpod.testing.wait import wait_until
 
@@ -458,6 +459,7 @@ def test_the_zygote_refuses_to_fork_with_a_thread_running(tmp_path: Path, short:
         assert out == (
             "the warm-start server refused: 2 threads run in the warm interpreter; fork is unsafe"
         )
+        assert w.pid is not None and waiting_children(w.pid) == []  # no spare forked either
     finally:
         w.close()
 
@@ -525,6 +527,98 @@ def test_a_rank_started_during_a_later_import_waits_for_it_warm(
         run.launcher.kill_everything()
         run.launcher.shutdown(1)
         w.close()
+
+
+def waiting_children(pid: int) -> list[int]:
+    """The live children of ``pid`` (of a zygote with no rank running: its spare)."""
+    kids = psutil.Process(pid).children()
+    return [c.pid for c in kids if c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_spare_forked_ahead_becomes_the_next_rank_and_another_follows(
+    tmp_path: Path, short: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = starter(short, agents_zygote_env(), [])
+    run = Run(w, tmp_path, caplog)
+    try:
+        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+        zygote = w.pid
+        assert zygote is not None
+        (spare,) = wait_until(lambda: waiting_children(zygote), timeout_s=30, what="a spare")
+        script = "import os; print(os.getpid(), os.getsid(0) == os.getpid(), os.getcwd())\n"
+        a = run.launch(["python", write(tmp_path / "me.py", script)], SOME="value")
+        assert run.how(a) == "warm start"
+        assert run.pid(a) == spare  # no fork on the request's path
+        assert run.ended(a)[0].exit_code == 0, run.log(a)
+        assert run.log(a) == f"{spare} True {tmp_path}\n"  # its own session, the order's cwd
+        (second,) = wait_until(
+            lambda: [p for p in waiting_children(zygote) if p != spare], timeout_s=30, what="next"
+        )
+        # A spare killed while it waits is replaced; ranks still start warm.
+        os.kill(second, signal.SIGKILL)
+        (third,) = wait_until(
+            lambda: [p for p in waiting_children(zygote) if p != second],
+            timeout_s=30,
+            what="a spare after the killed one",
+        )
+        b = run.launch(
+            ["python", write(tmp_path / "env.py", "import os; print(os.environ['SOME'])\n")],
+            SOME="other",
+        )
+        assert run.how(b) == "warm start"
+        assert run.pid(b) == third
+        assert run.ended(b)[0].exit_code == 0, run.log(b)
+        assert run.log(b) == "other\n"
+    finally:
+        run.launcher.kill_everything()
+        run.launcher.shutdown(1)
+        w.close()
+
+
+@pytest.mark.parametrize("how", ["closed", "killed"])
+def test_a_waiting_spare_exits_with_its_zygote(short: Path, how: str) -> None:
+    w = starter(short, agents_zygote_env(), [], restart_delay_s=600.0)
+    try:
+        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+        zygote = w.pid
+        assert zygote is not None
+        (spare,) = wait_until(lambda: waiting_children(zygote), timeout_s=30, what="a spare")
+        if how == "closed":
+            w.close()
+        else:
+            os.kill(zygote, signal.SIGKILL)
+
+        def gone() -> bool:
+            try:
+                return psutil.Process(spare).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+
+        wait_until(gone, timeout_s=30, what="the spare to exit")
+    finally:
+        w.close()
+
+
+def test_a_spare_that_died_unseen_is_passed_over(tmp_path: Path, short: Path) -> None:
+    """A spare that exited but is not reaped yet: the request forks instead of handing its
+    plan to nobody (the agent never hears the dead spare's pid)."""
+    zygote = Zygote(str(short / "z.sock"), base_path=list(sys.path))
+    ours, theirs = socket.socketpair()
+    theirs.close()  # what a dead spare leaves
+    conn, agent = socket.socketpair()
+    p = _plan(["python", write(tmp_path / "x.py", "print('never')\n")], tmp_path)
+    assert isinstance(p, Plan)
+    try:
+        assert zygote._hand_over(Spare(pid=2**22 + 1, sock=ours), conn, p) is False
+        assert ours.fileno() == -1  # closed
+        agent.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            agent.recv(1)  # nothing was said to the agent
+        assert zygote.children == {}
+    finally:
+        conn.close()
+        agent.close()
+        zygote.listener.close()
 
 
 def test_closing_while_preloading_does_not_wait_for_the_imports(short: Path) -> None:

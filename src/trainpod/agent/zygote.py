@@ -6,7 +6,12 @@ modules one by one while no request waits (a request that comes meanwhile waits 
 import under way, which its rank would otherwise have run itself). A request is a
 :class:`Plan` (one JSON line); the zygote forks, the child becomes the rank (its own
 session, stdio on the rank's log, the order's cwd, environment and argv) and runs the script
-as ``python`` would. The reply is ``{"pid": N}`` (or ``{"error": why}``: the agent then
+as ``python`` would. Once every import is done it keeps one child forked ahead (a *spare*,
+detached, waiting on a socket pair), so a request costs no fork: the spare gets the plan and
+the request's connection (``SCM_RIGHTS``) and becomes the rank, and the next spare is forked
+after it (a fork of an interpreter holding torch took 5-8 ms on a quiet 2-core box; Android's
+zygote keeps such a pool for the same reason). A spare left waiting exits when the server
+closes its end. The reply is ``{"pid": N}`` (or ``{"error": why}``: the agent then
 starts the rank cold), and when the child ends, ``{"exit_code": C}`` or ``{"signal": S}`` on
 the same connection.
 
@@ -48,6 +53,7 @@ import json
 import os
 import random
 import runpy
+import select
 import selectors
 import signal
 import socket
@@ -90,6 +96,14 @@ class Plan:
         return cls(**json.loads(line))
 
 
+@dataclass(frozen=True)
+class Spare:
+    """A child forked ahead of the next request (pid), detached, waiting on ``sock``."""
+
+    pid: int
+    sock: socket.socket
+
+
 # -- the server ---------------------------------------------------------------------------
 
 
@@ -109,6 +123,8 @@ class Zygote:
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
         self.sel = selectors.DefaultSelector()
+        self.spare: Spare | None = None
+        self.want_spare = True
 
     def serve(self, later: Sequence[str] = ()) -> None:
         """Serve until the agent closes our stdin (or dies). Never returns in a child.
@@ -120,6 +136,9 @@ class Zygote:
         self.sel.register(0, selectors.EVENT_READ, "agent")
         self.sel.register(self.wake_r, selectors.EVENT_READ, "child")
         while True:
+            if self.want_spare and not pending:
+                self.want_spare = False  # until a request takes it, or it dies
+                self._fork_spare()
             events = self.sel.select(0 if pending else None)
             if not events and pending:
                 _preload(pending.pop(0))
@@ -133,6 +152,8 @@ class Zygote:
                     conn, _addr = self.listener.accept()
                     self._request(conn)
                 elif key.data == "agent" and not os.read(0, 4096):
+                    if self.spare is not None:
+                        self.spare.sock.close()  # it exits at EOF: nobody will ask
                     return
                 elif key.data == "child":
                     while len(os.read(self.wake_r, 4096)) == 4096:
@@ -148,7 +169,60 @@ class Zygote:
         except (OSError, ValueError, TypeError) as exc:
             return _refuse(conn, f"bad request: {exc}")
         why = _refusal()
-        return _refuse(conn, why) if why else self._fork(conn, p)
+        if why:
+            return _refuse(conn, why)
+        spare, self.spare = self.spare, None
+        self.want_spare = True
+        if spare is not None and self._hand_over(spare, conn, p):
+            return None
+        return self._fork(conn, p)
+
+    def _fork_spare(self) -> None:
+        """Fork the next rank ahead of its request: the fork (milliseconds for an
+        interpreter with torch imported) and the child's detaching then run while idle."""
+        if _refusal() is not None:
+            return  # a request will be refused and say why
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            print(f"zygote: cannot fork a spare: {exc}", file=sys.stderr, flush=True)
+            ours.close()
+            theirs.close()
+            return
+        if pid == 0:  # the spare: never returns into the server loop
+            try:
+                ours.close()
+                self._drop_server(keep=None)
+                _wait_as_spare(theirs, self.initial_signals, self.base_path)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(1)
+        theirs.close()
+        if ours.recv(1) == b"r":  # in its own session now
+            self.spare = Spare(pid, ours)
+        else:
+            ours.close()  # it died setting up: _reap collects it; requests fork as before
+
+    def _hand_over(self, spare: Spare, conn: socket.socket, p: Plan) -> bool:
+        """Give the request to the spare: its pid to the agent, then the plan and the
+        connection to the spare, which runs it. False: the spare is gone, fork instead."""
+        if select.select([spare.sock], [], [], 0)[0]:  # it only ever closes its end
+            spare.sock.close()
+            return False
+        if not _send(conn, {"pid": spare.pid}):
+            os.kill(spare.pid, signal.SIGKILL)  # the agent is gone: it must never run
+            spare.sock.close()
+            conn.close()
+            return True
+        self.children[spare.pid] = conn  # _reap reports its status, whatever happens next
+        with contextlib.suppress(OSError):  # it died just now: _reap reports how
+            socket.send_fds(spare.sock, [p.to_json()], [conn.fileno()])
+        spare.sock.close()
+        return True
 
     def _fork(self, conn: socket.socket, p: Plan) -> None:
         ready_r, ready_w = os.pipe()
@@ -166,7 +240,14 @@ class Zygote:
                 os.close(ready_r)
                 os.close(go_w)
                 self._drop_server(keep=conn)
-                _become(p, conn, ready_w, go_r, self.initial_signals, self.base_path)
+                _detach(self.initial_signals)
+                os.write(ready_w, b"r")
+                os.close(ready_w)
+                go = os.read(go_r, 1)
+                os.close(go_r)
+                if go != b"g":
+                    os._exit(1)  # the server died before the agent learned this pid: never run
+                _become(p, conn, self.base_path)
             except BaseException:
                 traceback.print_exc()  # into the rank's log, once it is set up
             finally:
@@ -184,7 +265,7 @@ class Zygote:
             conn.close()
         os.close(go_w)
 
-    def _drop_server(self, keep: socket.socket) -> None:
+    def _drop_server(self, keep: socket.socket | None) -> None:
         signal.set_wakeup_fd(-1)
         self.sel.close()
         self.listener.close()
@@ -193,6 +274,8 @@ class Zygote:
         for c in self.children.values():
             if c is not keep:
                 c.close()
+        if self.spare is not None:
+            self.spare.sock.close()  # else the spare would not see the server's end
 
     def _reap(self) -> None:
         while True:
@@ -202,6 +285,10 @@ class Zygote:
                 return
             if pid == 0:
                 return
+            if self.spare is not None and pid == self.spare.pid:
+                self.spare.sock.close()  # killed while it waited: fork the next one
+                self.spare = None
+                self.want_spare = True
             conn = self.children.pop(pid, None)
             if conn is not None:
                 _send(conn, _status(os.waitstatus_to_exitcode(status), "zygote"))
@@ -238,26 +325,50 @@ def _status(code: int, by: str) -> dict[str, Any]:
 # -- the child ----------------------------------------------------------------------------
 
 
-def _become(
-    p: Plan,
-    conn: socket.socket,
-    ready_w: int,
-    go_r: int,
-    initial_signals: Mapping[signal.Signals, Any],
-    base_path: list[str],
-) -> None:
+def _detach(initial_signals: Mapping[signal.Signals, Any]) -> None:
+    """What a child does before it knows its plan (a spare does it ahead; ~5 ms of a warm
+    start with torch imported): the interpreter's own signal dispositions, an empty mask, a
+    session of its own; a fresh view of the file system for imports (no import runs until
+    the plan's script); its own seeds; none of the server's finalizers."""
     for sig, handler in initial_signals.items():
         if handler is not None:
             with contextlib.suppress(OSError, ValueError):  # SIGKILL, SIGSTOP
                 signal.signal(sig, handler)
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
     os.setsid()
-    os.write(ready_w, b"r")
-    os.close(ready_w)
-    go = os.read(go_r, 1)
-    os.close(go_r)
-    if go != b"g":
-        os._exit(1)  # the server died before the agent learned this pid: never run
+    importlib.invalidate_caches()
+    random.seed()
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+    if "torch" in sys.modules:  # torch seeds its CPU generator from the OS at start, too
+        sys.modules["torch"].default_generator.seed()
+    if "multiprocessing.process" in sys.modules:
+        sys.modules["multiprocessing.process"].current_process().authkey = os.urandom(32)
+    _disown_finalizers()
+
+
+def _wait_as_spare(
+    sock: socket.socket, initial_signals: Mapping[signal.Signals, Any], base_path: list[str]
+) -> None:
+    """A spare: detach, say so, wait for a plan and its connection (the server sent our pid
+    to the agent before it sends them), then become that rank. EOF: the server is gone or
+    closing, and nobody will ever ask: exit quietly."""
+    _detach(initial_signals)
+    sock.sendall(b"r")
+    line, fds = b"", []
+    while not line.endswith(b"\n"):
+        data, got, _flags, _addr = socket.recv_fds(sock, 1 << 16, 1)
+        fds += got
+        if not data:
+            os._exit(0 if not line else 1)
+        line += data
+    sock.close()
+    if len(fds) != 1:
+        os._exit(1)
+    _become(Plan.from_json(line), socket.socket(fileno=fds[0]), base_path)
+
+
+def _become(p: Plan, conn: socket.socket, base_path: list[str]) -> None:
     os.register_at_fork(after_in_child=conn.close)  # our status is ours, not our children's
     _stdio(p)
     os.chdir(p.cwd)
@@ -269,15 +380,6 @@ def _become(
     head = [os.path.dirname(os.path.realpath(p.script)) if p.script else os.getcwd()]
     extra = [d for d in p.env.get("PYTHONPATH", "").split(os.pathsep) if d]
     sys.path[:] = ([] if _safe_path() else head) + extra + base_path
-    importlib.invalidate_caches()
-    random.seed()
-    if "numpy.random" in sys.modules:
-        sys.modules["numpy.random"].seed()
-    if "torch" in sys.modules:  # torch seeds its CPU generator from the OS at start, too
-        sys.modules["torch"].default_generator.seed()
-    if "multiprocessing.process" in sys.modules:
-        sys.modules["multiprocessing.process"].current_process().authkey = os.urandom(32)
-    _disown_finalizers()
     code = _run(p)
     _finalize()
     _send(conn, _status(code, "rank"))
