@@ -575,6 +575,33 @@ def test_a_spare_forked_ahead_becomes_the_next_rank_and_another_follows(
         w.close()
 
 
+def test_without_a_spare_each_request_forks(
+    tmp_path: Path, short: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = WarmStarter(
+        socket_path=short / "z.sock",
+        log_path=short / "z.log",
+        env=agents_zygote_env(),
+        preload=[],
+        spare=False,
+    )
+    w.start()
+    run = Run(w, tmp_path, caplog)
+    try:
+        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+        zygote = w.pid
+        assert zygote is not None
+        a = run.launch(["python", write(tmp_path / "me.py", "import os; print(os.getpid())\n")])
+        assert run.how(a) == "warm start"
+        assert run.ended(a)[0].exit_code == 0, run.log(a)
+        assert run.log(a) == f"{run.pid(a)}\n"
+        assert waiting_children(zygote) == []
+    finally:
+        run.launcher.kill_everything()
+        run.launcher.shutdown(1)
+        w.close()
+
+
 @pytest.mark.parametrize("how", ["closed", "killed"])
 def test_a_waiting_spare_exits_with_its_zygote(short: Path, how: str) -> None:
     w = starter(short, agents_zygote_env(), [], restart_delay_s=600.0)

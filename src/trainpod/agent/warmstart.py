@@ -221,12 +221,15 @@ class WarmStarter:
         reply_timeout_s: float = 10.0,
         restart_delay_s: float = 1.0,
         cwd: Path | None = None,
+        spare: bool = True,
     ) -> None:
         """``restart_delay_s``: the wait before restarting a zygote that died young (doubling
         up to a minute while it keeps dying; none after one that lived for a minute).
         ``cwd``: where the zygote runs, and so where its ``preload`` modules are looked for
         first (None: the socket's dir). ``later``: modules it imports after it is ready,
-        while idle (the agent's: :data:`AGENT_WARM_LATER`)."""
+        while idle (the agent's: :data:`AGENT_WARM_LATER`). ``spare``: the zygote keeps a
+        child forked ahead of the next rank (False: it forks on each request; benchmarks
+        compare the two)."""
         if len(str(socket_path)) > 100:
             raise ValueError(f"socket path {socket_path} is too long for a Unix socket")
         self.socket_path = socket_path
@@ -236,6 +239,7 @@ class WarmStarter:
         self.env = {"OMP_NUM_THREADS": "1", **env}
         self._preload = list(preload)
         self._later = list(later)
+        self._spare = spare
         self._cwd = cwd if cwd is not None else socket_path.parent
         self._executable = executable
         self._timeout = reply_timeout_s
@@ -369,6 +373,8 @@ class WarmStarter:
         argv += ["--preload", ",".join(self._preload)]
         if self._later:
             argv += ["--later", ",".join(self._later)]
+        if not self._spare:
+            argv.append("--no-spare")
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
             if self._closing.is_set():

@@ -108,7 +108,8 @@ class Spare:
 
 
 class Zygote:
-    def __init__(self, socket_path: str, base_path: list[str]) -> None:
+    def __init__(self, socket_path: str, base_path: list[str], spare: bool = True) -> None:
+        """``spare``: keep a child forked ahead of the next request (off: fork on request)."""
         # What a cold interpreter would start with: captured before anything changes them.
         self.initial_signals = {s: signal.getsignal(s) for s in signal.valid_signals()}
         self.base_path = base_path
@@ -124,7 +125,8 @@ class Zygote:
         os.set_blocking(self.wake_w, False)
         self.sel = selectors.DefaultSelector()
         self.spare: Spare | None = None
-        self.want_spare = True
+        self.want_spare = spare
+        self.keep_spare = spare
 
     def serve(self, later: Sequence[str] = ()) -> None:
         """Serve until the agent closes our stdin (or dies). Never returns in a child.
@@ -172,7 +174,7 @@ class Zygote:
         if why:
             return _refuse(conn, why)
         spare, self.spare = self.spare, None
-        self.want_spare = True
+        self.want_spare = self.keep_spare
         if spare is not None and self._hand_over(spare, conn, p):
             return None
         return self._fork(conn, p)
@@ -288,7 +290,7 @@ class Zygote:
             if self.spare is not None and pid == self.spare.pid:
                 self.spare.sock.close()  # killed while it waited: fork the next one
                 self.spare = None
-                self.want_spare = True
+                self.want_spare = self.keep_spare
             conn = self.children.pop(pid, None)
             if conn is not None:
                 _send(conn, _status(os.waitstatus_to_exitcode(status), "zygote"))
@@ -513,6 +515,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--later", default="", help="comma-separated modules to import once ready, while idle"
     )
+    parser.add_argument(
+        "--no-spare", action="store_true", help="fork on each request, none ahead (to compare)"
+    )
     args = parser.parse_args(argv)
     # sys.path as a rank's interpreter would build it, less its first entry (the script's
     # dir, or the cwd for -m) and our own PYTHONPATH (the rank's is applied in the child).
@@ -521,7 +526,7 @@ def main(argv: list[str] | None = None) -> None:
     for d in ours:
         if d in base:
             base.remove(d)
-    zygote = Zygote(args.socket, base)
+    zygote = Zygote(args.socket, base, spare=not args.no_spare)
     for name in filter(None, args.preload.split(",")):
         _preload(name)
     gc.freeze()  # keep the preloaded objects' pages shared with the children
