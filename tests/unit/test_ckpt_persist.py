@@ -299,8 +299,9 @@ def test_a_busy_persister_skips_to_the_newest_step_and_counts_the_rest(tmp_path:
     p0.finish()
     runner.join(30)
     done = [(e["tier"], e["step"], e["skipped"]) for e in events if e["event"] == "committed"]
+    # one device here: durable first, then scratch (ADR 0051)
     assert done == [
-        ("scratch", 1, 0), ("durable", 1, 0), ("scratch", 5, 3), ("durable", 5, 3)
+        ("durable", 1, 0), ("scratch", 1, 0), ("durable", 5, 3), ("scratch", 5, 3)
     ]  # fmt: skip
     assert durable_manifest(tmp_path, 5).exists()
     assert not any(durable_manifest(tmp_path, s).exists() for s in (2, 3, 4))

@@ -440,13 +440,17 @@ class Persister:
         its own, beside the throttled ones (peer, then durable) on this thread, each lane
         with its own meter, when they are different devices (a real node's NVMe and its
         network store): one after the other, the durable copy waited for the whole scratch
-        copy. On one device they go one after the other as before: two copies at once on
-        one disk make neither sooner and slow the training loop more (measured, ADR 0048).
-        Results in tier order."""
+        copy. On one device they go one after the other, the global tier (durable) first:
+        two copies at once on one disk make neither sooner and slow the training loop more
+        (measured, ADR 0048), and the step is safe from the node's loss one write after the
+        memory commit instead of two (the memory tier still serves a restart on this node
+        meanwhile; ADR 0051). Results in tier order."""
         local = [t for t in tiers if t.node_scoped and not getattr(t, "throttled", True)]
         remote = [t for t in tiers if t not in local]
         if not local or not remote or any(same_device(a, b) for a in local for b in remote):
-            return [self._copy(req, m, src, t, self.meter) for t in tiers]
+            order = [t for t in tiers if not t.node_scoped] + [t for t in tiers if t.node_scoped]
+            done = {t.name: self._copy(req, m, src, t, self.meter) for t in order}
+            return [done[t.name] for t in tiers]
         got: dict[str, str] = {}
         failure: list[BaseException] = []
 
