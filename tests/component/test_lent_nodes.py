@@ -12,6 +12,7 @@ from pathlib import Path
 from trainpod.cli.jobs import print_job
 from trainpod.cli.render import console
 from trainpod.controller.config import PreemptionConfig
+from trainpod.model.states import AttemptState
 from trainpod.testing import FakeClock, FakeGroup, make_config
 
 from .conftest import Cluster
@@ -86,3 +87,31 @@ def test_without_lending_the_same_job_waits_for_the_reservation(tmp_path: Path) 
     assert c.job(borrower).state == "queued"
     assert c.job(borrower).reason == f"behind job {head} (priority 0)"
     assert not c.controller.store.attempts(borrower)
+
+
+def test_a_lender_that_ran_elsewhere_and_waits_again_no_longer_lends(tmp_path: Path) -> None:
+    """ADR 0050's loan is for one reservation: once its lender has started (elsewhere) and
+    is queued again, it takes the borrower's nodes back only as any job may."""
+    c = lending_cluster(tmp_path)
+    first = c.submit(nodes=2, procs=1, time_limit="2")
+    c.start(first)
+    head = c.submit(nodes=4, procs=1, time_limit="2")
+    borrower = c.submit(nodes=2, procs=1, time_limit="10")
+    c.start(borrower)
+    store = c.controller.store
+    placed = store.attempts(borrower)[-1]
+    assert placed.lent_by == (head,)
+    now = c.clock.now()
+
+    def lenders() -> tuple[int, ...]:
+        snap = c.controller.planner.snapshot(c.clock.now())
+        (running,) = [r for r in snap.running if r.id == borrower]
+        return running.lent_by
+
+    assert lenders() == (head,)
+    # As if the head had run on other nodes and been requeued after the loan:
+    ran = store.insert_attempt(head, 1, ["elsewhere-0"], "127.0.0.1", 1, 1, ts=now + 1)
+    store.update_attempt(ran, state=AttemptState.CANCELLED.value, ended_at=now + 2)
+    c.clock.advance(3)
+    assert store.attempts(borrower)[-1].lent_by == (head,)  # the record keeps the loan
+    assert lenders() == ()  # the scheduler no longer counts it

@@ -12,6 +12,7 @@ from trainpod.scheduler.base import (
     Hold,
     Place,
     Preempt,
+    still_lending,
 )
 from trainpod.scheduler.policy import SharingPolicy, TeamPolicy
 from trainpod.scheduler.shared import SharedScheduler
@@ -470,3 +471,11 @@ def test_wake_at_is_the_next_expected_end() -> None:
     snap = snapshot(10.0, [queued(4, 4)], run)
     assert SharedScheduler().wake_at(snap) == 40.0
     assert SharedScheduler().wake_at(snapshot(10.0, [queued(4, 1)])) is None
+
+
+def test_a_lender_queued_again_after_the_loan_no_longer_lends() -> None:
+    placed = 100.0
+    queued_since = {1: 90.0, 2: 120.0}  # 1 waited through; 2 started meanwhile, queued again
+    assert still_lending((1, 2, 3), placed, queued_since) == (1,)  # 3 is not waiting at all
+    assert still_lending((2,), placed, {2: placed}) == (2,)  # queued in the same instant
+    assert still_lending((), placed, queued_since) == ()

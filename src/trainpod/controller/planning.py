@@ -16,7 +16,7 @@ from trainpod.controller.external import Scheduling
 from trainpod.controller.sharing import Shapes, UsageBook
 from trainpod.controller.transitions import Transitions
 from trainpod.model.states import AttemptState, JobState
-from trainpod.scheduler.base import QueuedJob, RunningJob, Snapshot
+from trainpod.scheduler.base import QueuedJob, RunningJob, Snapshot, still_lending
 from trainpod.store.repo import Store
 from trainpod.telemetry.tally import PASS_BUCKETS, Histogram
 
@@ -67,6 +67,10 @@ class Planner:
         jobs.update((j.id, j) for j in others)
         self._shapes.keep_only(set(jobs))
         queue = []
+        queued_since = {
+            j.id: max([j.submitted_at, *(a.ended_at for a in earlier[j.id] if a.ended_at)])
+            for j in queued
+        }
         for job in queued:
             s = self._shapes.of(job)
             queue.append(
@@ -105,7 +109,7 @@ class Planner:
                     time_limit_s=s.time_limit_s,
                     last_checkpoint_at=saved.get(a.job_id),
                     stopping=a.state is AttemptState.STOPPING,
-                    lent_by=a.lent_by,
+                    lent_by=still_lending(a.lent_by, a.created_at, queued_since),
                 )
             )
         rows = sorted(self.store.nodes(), key=self.tx.node_order)

@@ -59,6 +59,17 @@ class RunningJob:
     each of them may preempt it once it can start, whatever their priorities."""
 
 
+def still_lending(
+    lent_by: tuple[int, ...], placed_at: float, queued_since: Mapping[int, float]
+) -> tuple[int, ...]:
+    """The lenders of a job placed at ``placed_at`` on reserved nodes (ADR 0050) that still
+    wait for the start they reserved for: queued now (``queued_since``: job -> when it last
+    entered the queue), and since before that placement. A lender that started elsewhere
+    and was queued again later waits for another start: it no longer lends, and may take
+    the nodes back only as any job may."""
+    return tuple(j for j in lent_by if queued_since.get(j, placed_at + 1.0) <= placed_at)
+
+
 @dataclass(frozen=True)
 class NodeSlot:
     name: str
