@@ -102,12 +102,12 @@ def main() -> int:
             for i, (side, w) in enumerate(starters.items()):
                 wait_warmed(side, w, root / f"z{i}.log")
             runs: list[dict[str, object]] = []
+            n = 0  # every start its own log and directory
             for run in range(args.runs):
                 times: dict[str, dict[str, list[tuple[float, float]]]] = {
                     s: {"trivial": [], "worker": []} for s in SIDES
                 }
                 loads = [round(os.getloadavg()[0], 2)]
-                n = 0
                 for i in range(args.starts):
                     order = list(SIDES) if (i + run) % 2 == 0 else list(SIDES)[::-1]
                     for script in ("trivial", "worker"):
