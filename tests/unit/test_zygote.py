@@ -102,6 +102,7 @@ def starter(
     preload: list[str],
     restart_delay_s: float = 1.0,
     later: tuple[str, ...] = (),
+    spare: bool = True,
 ) -> WarmStarter:
     sock, log = short / "z.sock", short / "z.log"
     w = WarmStarter(
@@ -111,6 +112,7 @@ def starter(
         preload=preload,
         restart_delay_s=restart_delay_s,
         later=later,
+        spare=spare,
     )
     w.start()
     return w
@@ -578,14 +580,7 @@ def test_a_spare_forked_ahead_becomes_the_next_rank_and_another_follows(
 def test_without_a_spare_each_request_forks(
     tmp_path: Path, short: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    w = WarmStarter(
-        socket_path=short / "z.sock",
-        log_path=short / "z.log",
-        env=agents_zygote_env(),
-        preload=[],
-        spare=False,
-    )
-    w.start()
+    w = starter(short, agents_zygote_env(), [], spare=False)
     run = Run(w, tmp_path, caplog)
     try:
         wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
