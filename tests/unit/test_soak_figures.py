@@ -33,6 +33,7 @@ def _sample(
     fds: int = 20,
     threads: int = 10,
     procs: int = 4,
+    spares: int = 0,
     shm: frozenset[str] = frozenset(),
 ) -> Sample:
     return Sample(
@@ -40,6 +41,7 @@ def _sample(
         controller=Usage(rss, fds, threads),
         agents=Usage(0, 40, 20),
         processes=procs,
+        spares=spares,
         db_bytes=0,
         shm_bytes=0,
         shm_dirs=shm,
@@ -96,6 +98,15 @@ def test_what_is_left_at_rest_is_named_and_other_clusters_tiers_are_not() -> Non
     assert "job-7-ab" in leaks[0] and "job-1-other" not in leaks[0]
     assert "4 before, 6 after" in leaks[1]
     assert "20 before, 40 after" in leaks[2] and "10 before, 30 after" in leaks[3]
+
+
+def test_spares_forked_since_the_baseline_are_not_a_leak_but_more_than_the_zygotes_are() -> None:
+    before = _sample(0, procs=4, spares=0)  # the zygotes still importing: no spare yet
+    warm = _sample(60, procs=4, spares=4)
+    assert SoakResult(1, 4, SoakLedger(), [before, warm], before, warm).leaks_at_rest() == []
+    extra = _sample(60, procs=4, spares=5)
+    (leak,) = SoakResult(1, 4, SoakLedger(), [before, extra], before, extra).leaks_at_rest()
+    assert "spares under the agents: 5" in leak
 
 
 def test_a_job_not_ended_as_expected_is_a_mismatch() -> None:

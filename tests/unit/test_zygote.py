@@ -23,7 +23,7 @@ import pytest
 from trainpod.agent.launcher import Launcher
 from trainpod.agent.ranks import Notice, ignore_notice_signal
 from trainpod.agent.warmstart import WarmStarter, agents_zygote_env, plan
-from trainpod.agent.zygote import Plan, Spare, Zygote
+from trainpod.agent.zygote import SPARE_NAME, Plan, Spare, Zygote
 from trainpod.api.models import LaunchOrder, RankReport, RankSlot
 from trainpod.testing.wait import wait_until
 
@@ -547,12 +547,18 @@ def test_a_spare_forked_ahead_becomes_the_next_rank_and_another_follows(
         zygote = w.pid
         assert zygote is not None
         (spare,) = wait_until(lambda: waiting_children(zygote), timeout_s=30, what="a spare")
-        script = "import os; print(os.getpid(), os.getsid(0) == os.getpid(), os.getcwd())\n"
+        # While it waits it is named so (what counts a cluster's processes tells it apart).
+        wait_until(lambda: psutil.Process(spare).name() == SPARE_NAME, timeout_s=30, what="name")
+        script = (
+            "import os; print(os.getpid(), os.getsid(0) == os.getpid(), os.getcwd(),"
+            " open('/proc/self/comm').read().strip())\n"
+        )
         a = run.launch(["python", write(tmp_path / "me.py", script)], SOME="value")
         assert run.how(a) == "warm start"
         assert run.pid(a) == spare  # no fork on the request's path
         assert run.ended(a)[0].exit_code == 0, run.log(a)
-        assert run.log(a) == f"{spare} True {tmp_path}\n"  # its own session, the order's cwd
+        # Its own session, the order's cwd, the zygote's name back.
+        assert run.log(a) == f"{spare} True {tmp_path} {psutil.Process(zygote).name()}\n"
         (second,) = wait_until(
             lambda: [p for p in waiting_children(zygote) if p != spare], timeout_s=30, what="next"
         )

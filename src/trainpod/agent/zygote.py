@@ -11,7 +11,9 @@ detached, waiting on a socket pair), so a request costs no fork: the spare gets 
 the request's connection (``SCM_RIGHTS``) and becomes the rank, and the next spare is forked
 after it (a fork of an interpreter holding torch took 5-8 ms on a quiet 2-core box; Android's
 zygote keeps such a pool for the same reason). A spare left waiting exits when the server
-closes its end. The reply is ``{"pid": N}`` (or ``{"error": why}``: the agent then
+closes its end; while it waits its name is ``trainpod-spare`` (``ps``, ``/proc/PID/comm``: what
+counts the processes a cluster holds tells it from a leak), and the rank gets the server's
+name back. The reply is ``{"pid": N}`` (or ``{"error": why}``: the agent then
 starts the rank cold), and when the child ends, ``{"exit_code": C}`` or ``{"signal": S}`` on
 the same connection.
 
@@ -349,12 +351,31 @@ def _detach(initial_signals: Mapping[signal.Signals, Any]) -> None:
     _disown_finalizers()
 
 
+SPARE_NAME = "trainpod-spare"
+"""A waiting spare's process name (``/proc/PID/comm``, at most 15 bytes)."""
+
+
+def _rename(name: str) -> str:
+    """Set this process's name (Linux: the main thread's ``comm``); returns the old one, or
+    ``name`` where it cannot be read or set."""
+    comm = f"/proc/{os.getpid()}/comm"
+    try:
+        with open(comm) as f:
+            old = f.read().strip()
+        with open(comm, "w") as f:
+            f.write(name)
+        return old
+    except OSError:
+        return name
+
+
 def _wait_as_spare(
     sock: socket.socket, initial_signals: Mapping[signal.Signals, Any], base_path: list[str]
 ) -> None:
     """A spare: detach, say so, wait for a plan and its connection (the server sent our pid
     to the agent before it sends them), then become that rank. EOF: the server is gone or
     closing, and nobody will ever ask: exit quietly."""
+    name = _rename(SPARE_NAME)  # first: a spare is never seen without its name for long
     _detach(initial_signals)
     sock.sendall(b"r")
     line, fds = b"", []
@@ -367,6 +388,7 @@ def _wait_as_spare(
     sock.close()
     if len(fds) != 1:
         os._exit(1)
+    _rename(name)
     _become(Plan.from_json(line), socket.socket(fileno=fds[0]), base_path)
 
 

@@ -22,6 +22,7 @@ out, but the job may have ended and a short one taken the node by the time it la
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -35,6 +36,7 @@ from pathlib import Path
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from trainpod.agent.zygote import SPARE_NAME
 from trainpod.api.models import ChaosFault, ChaosRequest, JobInfo
 from trainpod.client.http import JOBS_PAGE, TrainpodClient
 from trainpod.errors import Conflict, Retryable, TrainpodError
@@ -121,7 +123,10 @@ class Sample:
     agents: Usage
     """The agent daemons themselves (one per node), summed."""
     processes: int
-    """Every process under the agents (ranks, zygotes, persisters, warm-start servers)."""
+    """Every process under the agents (ranks, zygotes, persisters, warm-start servers) but
+    the zygotes' spares."""
+    spares: int
+    """Zygotes' spares waiting under the agents (at most one per zygote)."""
     db_bytes: int
     """The state database with its write-ahead log."""
     shm_bytes: int
@@ -158,13 +163,21 @@ def _usage(pid: int | None) -> Usage:
         return Usage()
 
 
-def _descendants(pid: int | None) -> int:
+def _descendants(pid: int | None) -> tuple[int, int]:
+    """(processes, spares) under ``pid``: a zygote's spare (one forked ahead of the next
+    rank, ``trainpod.agent.zygote.SPARE_NAME``) is counted apart, since a zygote forks it
+    whenever it is idle, at rest too."""
     if pid is None:
-        return 0
+        return 0, 0
     try:
-        return len(psutil.Process(pid).children(recursive=True))
+        kids = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
-        return 0
+        return 0, 0
+    spares = 0
+    for kid in kids:
+        with contextlib.suppress(psutil.Error):  # ended meanwhile: counted as a process
+            spares += kid.name() == SPARE_NAME
+    return len(kids) - spares, spares
 
 
 def _tree_bytes(root: Path) -> tuple[int, frozenset[str]]:
@@ -210,6 +223,7 @@ class Sampler:
 
     def sample(self) -> Sample:
         agents = [self.pid_of(f"agent-{n}") for n in self.nodes]
+        under = [_descendants(a) for a in agents]
         db = sum(
             p.stat().st_size
             for p in (self.paths.db, self.paths.db.with_name(self.paths.db.name + "-wal"))
@@ -220,7 +234,8 @@ class Sampler:
             t=time.time(),
             controller=_usage(self.pid_of("controller")),
             agents=sum((_usage(a) for a in agents), Usage()),
-            processes=sum(_descendants(a) for a in agents),
+            processes=sum(p for p, _ in under),
+            spares=sum(s for _, s in under),
             db_bytes=db,
             shm_bytes=shm_bytes,
             shm_dirs=shm_dirs,
@@ -296,6 +311,8 @@ class SoakResult:
             out.append(f"memory tiers left in {SHM_ROOT}: {', '.join(left)}")
         if f.processes > b.processes:
             out.append(f"processes under the agents: {b.processes} before, {f.processes} after")
+        if f.spares > f.processes:  # each waits under a zygote, itself a process counted
+            out.append(f"spares under the agents: {f.spares}, more than their zygotes")
         if f.controller.fds > b.controller.fds + fd_slack:
             out.append(f"controller fds: {b.controller.fds} before, {f.controller.fds} after")
         if f.controller.threads > b.controller.threads + thread_slack:
