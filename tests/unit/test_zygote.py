@@ -103,6 +103,7 @@ def starter(
     restart_delay_s: float = 1.0,
     later: tuple[str, ...] = (),
     spare: bool = True,
+    spare_delay_s: float | None = None,
 ) -> WarmStarter:
     sock, log = short / "z.sock", short / "z.log"
     w = WarmStarter(
@@ -113,6 +114,7 @@ def starter(
         restart_delay_s=restart_delay_s,
         later=later,
         spare=spare,
+        spare_delay_s=spare_delay_s,
     )
     w.start()
     return w
@@ -577,6 +579,32 @@ def test_a_spare_forked_ahead_becomes_the_next_rank_and_another_follows(
         assert run.pid(b) == third
         assert run.ended(b)[0].exit_code == 0, run.log(b)
         assert run.log(b) == "other\n"
+    finally:
+        run.launcher.kill_everything()
+        run.launcher.shutdown(1)
+        w.close()
+
+
+def test_the_next_spare_waits_until_requests_stop_coming(
+    tmp_path: Path, short: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not forked while the rank just handed over starts: a request within the delay forks
+    on request, and no spare is forked while requests keep coming."""
+    w = starter(short, agents_zygote_env(), [], spare_delay_s=600)
+    run = Run(w, tmp_path, caplog)
+    try:
+        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+        zygote = w.pid
+        assert zygote is not None
+        (spare,) = wait_until(lambda: waiting_children(zygote), timeout_s=30, what="a spare")
+        me = write(tmp_path / "me.py", "import os; print(os.getpid())\n")
+        a = run.launch(["python", me])
+        assert run.pid(a) == spare
+        b = run.launch(["python", me])
+        assert run.how(b) == "warm start" and run.pid(b) != spare  # forked on request
+        for x in (a, b):
+            assert run.ended(x)[0].exit_code == 0, run.log(x)
+        assert waiting_children(zygote) == []  # the next waits for 600 s without a request
     finally:
         run.launcher.kill_everything()
         run.launcher.shutdown(1)

@@ -222,6 +222,7 @@ class WarmStarter:
         restart_delay_s: float = 1.0,
         cwd: Path | None = None,
         spare: bool = True,
+        spare_delay_s: float | None = None,
     ) -> None:
         """``restart_delay_s``: the wait before restarting a zygote that died young (doubling
         up to a minute while it keeps dying; none after one that lived for a minute).
@@ -229,7 +230,8 @@ class WarmStarter:
         first (None: the socket's dir). ``later``: modules it imports after it is ready,
         while idle (the agent's: :data:`AGENT_WARM_LATER`). ``spare``: the zygote keeps a
         child forked ahead of the next rank (False: it forks on each request; benchmarks
-        compare the two)."""
+        compare the two); ``spare_delay_s``: how long after a request it forks the next one
+        (None: the zygote's :data:`~trainpod.agent.zygote.SPARE_DELAY_S`)."""
         if len(str(socket_path)) > 100:
             raise ValueError(f"socket path {socket_path} is too long for a Unix socket")
         self.socket_path = socket_path
@@ -240,6 +242,7 @@ class WarmStarter:
         self._preload = list(preload)
         self._later = list(later)
         self._spare = spare
+        self._spare_delay_s = spare_delay_s
         self._cwd = cwd if cwd is not None else socket_path.parent
         self._executable = executable
         self._timeout = reply_timeout_s
@@ -375,6 +378,8 @@ class WarmStarter:
             argv += ["--later", ",".join(self._later)]
         if not self._spare:
             argv.append("--no-spare")
+        if self._spare_delay_s is not None:
+            argv += ["--spare-delay-s", str(self._spare_delay_s)]
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
             if self._closing.is_set():

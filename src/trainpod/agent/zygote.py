@@ -9,13 +9,13 @@ session, stdio on the rank's log, the order's cwd, environment and argv) and run
 as ``python`` would. Once every import is done it keeps one child forked ahead (a *spare*,
 detached, waiting on a socket pair), so a request costs no fork: the spare gets the plan and
 the request's connection (``SCM_RIGHTS``) and becomes the rank, and the next spare is forked
-after it (a fork of an interpreter holding torch took 5-8 ms on a quiet 2-core box; Android's
-zygote keeps such a pool for the same reason). A spare left waiting exits when the server
-closes its end; while it waits its name is ``trainpod-spare`` (``ps``, ``/proc/PID/comm``: what
-counts the processes a cluster holds tells it from a leak), and the rank gets the server's
-name back. The reply is ``{"pid": N}`` (or ``{"error": why}``: the agent then
-starts the rank cold), and when the child ends, ``{"exit_code": C}`` or ``{"signal": S}`` on
-the same connection.
+once no request came for :data:`SPARE_DELAY_S` (a fork of an interpreter holding torch took
+5-8 ms on a quiet 2-core box; Android's zygote keeps such a pool for the same reason). A spare
+left waiting exits when the server closes its end; while it waits its name is
+``trainpod-spare`` (``ps``, ``/proc/PID/comm``: what counts the processes a cluster holds
+tells it from a leak), and the rank gets the server's name back. The reply is
+``{"pid": N}`` (or ``{"error": why}``: the agent then starts the rank cold), and when the
+child ends, ``{"exit_code": C}`` or ``{"signal": S}`` on the same connection.
 
 Contract of the child, so that a warm rank is indistinguishable from a cold one:
 
@@ -61,6 +61,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 import types
 import weakref
@@ -69,6 +70,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 REQUEST_TIMEOUT_S = 5.0
+SPARE_DELAY_S = 0.2
+"""The next spare is forked once no request came for this long: not while the rank just
+handed over starts (a fork of an interpreter holding torch and the child's detaching take
+~10 ms of CPU, which on a small box the new rank and its gang's would wait for). A burst of
+requests (a node's ranks) forks on request after the first, as without a spare."""
 READY = b"ready"
 WARMING = b"warming"
 """Said before READY when ``--later`` modules follow: until WARMED a request may wait for
@@ -110,8 +116,15 @@ class Spare:
 
 
 class Zygote:
-    def __init__(self, socket_path: str, base_path: list[str], spare: bool = True) -> None:
-        """``spare``: keep a child forked ahead of the next request (off: fork on request)."""
+    def __init__(
+        self,
+        socket_path: str,
+        base_path: list[str],
+        spare: bool = True,
+        spare_delay_s: float = SPARE_DELAY_S,
+    ) -> None:
+        """``spare``: keep a child forked ahead of the next request (off: fork on request);
+        ``spare_delay_s``: fork it once no request came for that long after the last."""
         # What a cold interpreter would start with: captured before anything changes them.
         self.initial_signals = {s: signal.getsignal(s) for s in signal.valid_signals()}
         self.base_path = base_path
@@ -129,6 +142,8 @@ class Zygote:
         self.spare: Spare | None = None
         self.want_spare = spare
         self.keep_spare = spare
+        self.spare_delay_s = spare_delay_s
+        self.spare_at = 0.0  # monotonic: not before (the last request + the delay)
 
     def serve(self, later: Sequence[str] = ()) -> None:
         """Serve until the agent closes our stdin (or dies). Never returns in a child.
@@ -140,10 +155,14 @@ class Zygote:
         self.sel.register(0, selectors.EVENT_READ, "agent")
         self.sel.register(self.wake_r, selectors.EVENT_READ, "child")
         while True:
+            wait: float | None = None
             if self.want_spare and not pending:
-                self.want_spare = False  # until a request takes it, or it dies
-                self._fork_spare()
-            events = self.sel.select(0 if pending else None)
+                wait = self.spare_at - time.monotonic()
+                if wait <= 0:
+                    wait = None
+                    self.want_spare = False  # until a request takes it, or it dies
+                    self._fork_spare()
+            events = self.sel.select(0 if pending else wait)
             if not events and pending:
                 _preload(pending.pop(0))
                 if not pending:
@@ -177,6 +196,7 @@ class Zygote:
             return _refuse(conn, why)
         spare, self.spare = self.spare, None
         self.want_spare = self.keep_spare
+        self.spare_at = time.monotonic() + self.spare_delay_s  # not while this rank starts
         if spare is not None and self._hand_over(spare, conn, p):
             return None
         return self._fork(conn, p)
@@ -540,6 +560,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-spare", action="store_true", help="fork on each request, none ahead (to compare)"
     )
+    parser.add_argument(
+        "--spare-delay-s",
+        type=float,
+        default=SPARE_DELAY_S,
+        help="fork the next spare once no request came for this long",
+    )
     args = parser.parse_args(argv)
     # sys.path as a rank's interpreter would build it, less its first entry (the script's
     # dir, or the cwd for -m) and our own PYTHONPATH (the rank's is applied in the child).
@@ -548,7 +574,7 @@ def main(argv: list[str] | None = None) -> None:
     for d in ours:
         if d in base:
             base.remove(d)
-    zygote = Zygote(args.socket, base, spare=not args.no_spare)
+    zygote = Zygote(args.socket, base, spare=not args.no_spare, spare_delay_s=args.spare_delay_s)
     for name in filter(None, args.preload.split(",")):
         _preload(name)
     gc.freeze()  # keep the preloaded objects' pages shared with the children
