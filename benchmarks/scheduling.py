@@ -22,7 +22,8 @@ Sides (each replay on a fresh cluster; the order rotates from run to run):
   priority classes high (1000, not preemptible) / normal (100, default) / low (10) and
   ``preemption: {signal: SIGUSR1, grace_s: 5}``. Each job is submitted over HTTP by its
   team's user with their own token (``priority_class``, ``--time``), so its owner and team
-  are the caller's.
+  are the caller's. The trace starts once every node is idle and its agent's zygote has
+  done its imports (as on a cluster already up; Slurm's side starts once its nodes are idle).
 * ``trainpod-strict``: the same with ``preemption.lend_reserved: false``: no job starts on
   nodes a waiting job reserved unless its ``--time`` ends before that job's start (Slurm's
   rule; trainpod's before ADR 0050).
@@ -293,6 +294,12 @@ def trainpod_spec(name: str, params: TraceParams, quota: int, lend: bool = True)
     )
 
 
+def zygote_warmed(node_dir: Path) -> bool:
+    """The agent's zygote on that node has done its later imports (its log says so)."""
+    log = node_dir / "zygote.log"
+    return log.exists() and ": warmed " in log.read_text(errors="replace")
+
+
 def replay_trainpod(
     trace: Sequence[TraceJob], params: TraceParams, work: Path, quota: int, side: str = "trainpod"
 ) -> Replay:
@@ -320,6 +327,17 @@ def replay_trainpod(
             lambda: all(n.state == "idle" for n in admin.nodes()),
             timeout_s=120,
             what="the trainpod nodes idle",
+        )
+        # A shared cluster runs for days: the trace starts once every agent's zygote has
+        # done its imports (torch, then dynamo and DCP: 6-12 s here, six at once on 2
+        # cores), as it would on a cluster already up; before, the first jobs' starts waited
+        # for those imports or started cold, by chance of the box's speed that day.
+        wait_until(
+            lambda: all(
+                zygote_warmed(paths.node_dir(n.name)) for n in admin.nodes() if n.role != "head"
+            ),
+            timeout_s=300,
+            what="every agent's zygote warmed",
         )
         for team in params.teams:
             issued = admin.add_user(NewToken(name=f"{team}-user", team=team))

@@ -10,7 +10,8 @@ ranks through each, alternating start by start, of two scripts: a one-line scrip
 prints the clock, and the scheduling benchmark's job (``benchmarks/workers/trace_job.py
 --steps 0``: argparse, ``import trainpod``, the preemption notice's handler, its log). Timed
 per start: ``spawn()`` called -> the pid came back (the reply), and -> the script's first
-line (its clock, on this machine's one clock). A run's figure is the median of its starts;
+line (its clock, on this machine's one clock). Starts are ``SPARE_DELAY_S`` + 50 ms apart (a
+zygote forks its next spare once idle that long). A run's figure is the median of its starts;
 the table gives the median [min-max] of the runs and the 1-minute load average.
 """
 
@@ -34,6 +35,7 @@ from trainpod.agent.warmstart import (  # noqa: E402
     WarmStarter,
     agents_zygote_env,
 )
+from trainpod.agent.zygote import SPARE_DELAY_S  # noqa: E402
 from trainpod.testing.wait import wait_until  # noqa: E402
 
 SIDES = {"spare": True, "fork on request": False}
@@ -114,7 +116,8 @@ def main() -> int:
                         for side in order:
                             n += 1
                             times[side][script].append(one_start(starters[side], script, root, n))
-                            time.sleep(0.05)  # the next spare's fork is not on the path
+                            # The zygote forks its next spare once idle for SPARE_DELAY_S.
+                            time.sleep(SPARE_DELAY_S + 0.05)
                 loads.append(round(os.getloadavg()[0], 2))
                 fig = {
                     f"{side} {script} {what}": statistics.median(x[k] for x in ts) * 1e3
