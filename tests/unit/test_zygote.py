@@ -6,6 +6,7 @@ a fraction of a second) behind a real :class:`Launcher`, and compare with cold s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -192,6 +193,20 @@ class Run:
         wait_until(lambda: text in self.log(attempt, rank), timeout_s=30, what=repr(text))
 
 
+@contextlib.contextmanager
+def ready_run(w: WarmStarter, workdir: Path, caplog: pytest.LogCaptureFixture) -> Iterator[Run]:
+    """A launcher on ``w`` once its zygote is ready; at the end every rank is killed and the
+    launcher and the zygote are closed."""
+    run = Run(w, workdir, caplog)
+    try:
+        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+        yield run
+    finally:
+        run.launcher.kill_everything()
+        run.launcher.shutdown(1)
+        w.close()
+
+
 def ppid(pid: int) -> int:
     return psutil.Process(pid).ppid()
 
@@ -362,9 +377,7 @@ def test_the_servers_finalizers_do_not_run_at_a_warm_ranks_exit(
     )
     path = os.pathsep.join([str(short), *filter(None, [os.environ.get("PYTHONPATH")])])
     w = starter(short, {**agents_zygote_env(), "PYTHONPATH": path}, ["tp_zfin"])
-    run = Run(w, tmp_path, caplog)
-    try:
-        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+    with ready_run(w, tmp_path, caplog) as run:
         script = """\
             import sys, weakref
             class Mine:
@@ -377,10 +390,6 @@ def test_the_servers_finalizers_do_not_run_at_a_warm_ranks_exit(
         assert run.how(a) == "warm start"
         assert run.ended(a)[0].exit_code == 0, run.log(a)
         assert run.log(a) == "preloaded\nrank finalizer ran\n"
-    finally:
-        run.launcher.kill_everything()
-        run.launcher.shutdown(1)
-        w.close()
 
 
 def test_a_preloaded_trainpod_reads_the_ranks_environment(
@@ -391,9 +400,7 @@ def test_a_preloaded_trainpod_reads_the_ranks_environment(
     w = starter(
         short, {**agents_zygote_env(), "TRAINPOD_NOTICE_FILE": str(short / "zyg")}, ["trainpod"]
     )
-    run = Run(w, tmp_path, caplog)
-    try:
-        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+    with ready_run(w, tmp_path, caplog) as run:
         script = """\
             import os, sys
             was = "trainpod" in sys.modules
@@ -409,10 +416,6 @@ def test_a_preloaded_trainpod_reads_the_ranks_environment(
         for attempt in (a, b):
             assert run.ended(attempt)[0].exit_code == 0, run.log(attempt)
         assert (run.log(a), run.log(b)) == ("True True\n", "True False\n")
-    finally:
-        run.launcher.kill_everything()
-        run.launcher.shutdown(1)
-        w.close()
 
 
 def test_a_dead_zygote_means_cold_starts_until_it_is_back(
@@ -477,9 +480,7 @@ def test_modules_imported_later_are_in_the_ranks_forked_after_them(
     (short / "warm_two.py").write_text("import time\ntime.sleep(0.3)\n")
     env = {**agents_zygote_env(), "PYTHONPATH": str(short)}
     w = starter(short, env, [], later=("warm_one", "warm_two"))
-    run = Run(w, tmp_path, caplog)
-    try:
-        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+    with ready_run(w, tmp_path, caplog) as run:
         wait_until(
             lambda: "warmed warm_one,warm_two" in (short / "z.log").read_text(),
             timeout_s=30,
@@ -490,10 +491,6 @@ def test_modules_imported_later_are_in_the_ranks_forked_after_them(
         assert run.how(a) == "warm start"
         assert run.ended(a)[0].exit_code == 0, run.log(a)
         assert run.log(a) == "['warm_one', 'warm_two']\n"
-    finally:
-        run.launcher.kill_everything()
-        run.launcher.shutdown(1)
-        w.close()
 
 
 def test_a_rank_started_during_a_later_import_waits_for_it_warm(
@@ -516,9 +513,7 @@ def test_a_rank_started_during_a_later_import_waits_for_it_warm(
         reply_timeout_s=0.5,
     )
     w.start()
-    run = Run(w, tmp_path, caplog)
-    try:
-        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+    with ready_run(w, tmp_path, caplog) as run:
         wait_until(started.exists, timeout_s=30, what="the later import to begin")
         pid = w.pid
         script = "import sys; print('warm_slow' in sys.modules)\n"
@@ -527,10 +522,6 @@ def test_a_rank_started_during_a_later_import_waits_for_it_warm(
         assert run.ended(a)[0].exit_code == 0, run.log(a)
         assert run.log(a) == "True\n"  # forked once the import was done
         assert w.pid == pid  # not killed as hung
-    finally:
-        run.launcher.kill_everything()
-        run.launcher.shutdown(1)
-        w.close()
 
 
 def waiting_children(pid: int) -> list[int]:
@@ -543,9 +534,7 @@ def test_a_spare_forked_ahead_becomes_the_next_rank_and_another_follows(
     tmp_path: Path, short: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     w = starter(short, agents_zygote_env(), [])
-    run = Run(w, tmp_path, caplog)
-    try:
-        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+    with ready_run(w, tmp_path, caplog) as run:
         zygote = w.pid
         assert zygote is not None
         (spare,) = wait_until(lambda: waiting_children(zygote), timeout_s=30, what="a spare")
@@ -579,10 +568,6 @@ def test_a_spare_forked_ahead_becomes_the_next_rank_and_another_follows(
         assert run.pid(b) == third
         assert run.ended(b)[0].exit_code == 0, run.log(b)
         assert run.log(b) == "other\n"
-    finally:
-        run.launcher.kill_everything()
-        run.launcher.shutdown(1)
-        w.close()
 
 
 def test_the_next_spare_waits_until_requests_stop_coming(
@@ -591,9 +576,7 @@ def test_the_next_spare_waits_until_requests_stop_coming(
     """Not forked while the rank just handed over starts: a request within the delay forks
     on request, and no spare is forked while requests keep coming."""
     w = starter(short, agents_zygote_env(), [], spare_delay_s=600)
-    run = Run(w, tmp_path, caplog)
-    try:
-        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+    with ready_run(w, tmp_path, caplog) as run:
         zygote = w.pid
         assert zygote is not None
         (spare,) = wait_until(lambda: waiting_children(zygote), timeout_s=30, what="a spare")
@@ -605,19 +588,13 @@ def test_the_next_spare_waits_until_requests_stop_coming(
         for x in (a, b):
             assert run.ended(x)[0].exit_code == 0, run.log(x)
         assert waiting_children(zygote) == []  # the next waits for 600 s without a request
-    finally:
-        run.launcher.kill_everything()
-        run.launcher.shutdown(1)
-        w.close()
 
 
 def test_without_a_spare_each_request_forks(
     tmp_path: Path, short: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     w = starter(short, agents_zygote_env(), [], spare=False)
-    run = Run(w, tmp_path, caplog)
-    try:
-        wait_until(lambda: w.ready, timeout_s=30, what="the zygote")
+    with ready_run(w, tmp_path, caplog) as run:
         zygote = w.pid
         assert zygote is not None
         a = run.launch(["python", write(tmp_path / "me.py", "import os; print(os.getpid())\n")])
@@ -625,10 +602,6 @@ def test_without_a_spare_each_request_forks(
         assert run.ended(a)[0].exit_code == 0, run.log(a)
         assert run.log(a) == f"{run.pid(a)}\n"
         assert waiting_children(zygote) == []
-    finally:
-        run.launcher.kill_everything()
-        run.launcher.shutdown(1)
-        w.close()
 
 
 @pytest.mark.parametrize("how", ["closed", "killed"])
