@@ -292,3 +292,75 @@ def test_one_nodes_full_memory_tier_sends_every_rank_to_scratch(tmp_path: Path, 
             run_ranks(_one_node_full, 2, str(tmp_path), str(tiny))
     except TmpfsUnavailable as exc:
         pytest.skip(str(exc))
+
+
+def _framed(rank: int, world: int, port: int, root: str, kind: str) -> None:
+    """Three saves on two ranks of one node: each rank's own tensors (``sharded``, names of
+    its own as a hand-sharded optimizer has), a DTensor sharded by rows (``dtensor``, as
+    FSDP's state is), or the same tensors on both (``replicated``)."""
+    from trainpod.ckpt import Checkpointer
+    from trainpod.testing.wait import wait_until
+
+    os.environ.update(TRAINPOD_NODE="n0", TRAINPOD_NODES="n0")
+    mesh = None
+    if kind == "dtensor":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (world,))
+
+    def state(v: float) -> dict[str, Any]:
+        if kind == "sharded":
+            return {f"w{rank}": torch.full((300, 7), v + rank), "step": int(v)}
+        if kind == "dtensor":
+            from torch.distributed.tensor import Shard, distribute_tensor
+
+            return {"w": distribute_tensor(FULL * v, mesh, [Shard(0)]), "step": int(v)}
+        return _flat_state(v)
+
+    def local(t: Any) -> torch.Tensor:
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    with Checkpointer(f"{root}/durable", memory=f"{root}/shm", every=1, agent=False) as ck:
+        source = ck._pipe.framed
+        assert source is not None
+        prepared = source.prepared
+        for step in (1, 2, 3):
+            if step > 1 and kind != "replicated":  # the file for this save is made after the last
+                wait_until(lambda: list(prepared.glob(f"framed-{rank}-*")), what="a framed file")
+            ck.save(step, state(float(step)))
+            assert ck.wait(60)
+        Path(f"{root}/{kind}-{rank}.json").write_text(json.dumps(source.off))
+        back = state(0.0)
+        assert ck.load_latest(back) == 3
+        want = state(3.0)
+        assert all(torch.equal(local(back[k]), local(want[k])) for k in want if k != "step")
+        assert ck.close(60, release_memory=False)
+
+
+@pytest.mark.parametrize("kind", ["sharded", "dtensor"])
+def test_two_ranks_stage_their_own_tensors_into_files_of_their_own(
+    tmp_path: Path, kind: str
+) -> None:
+    run_ranks(_framed, 2, str(tmp_path), kind)
+    (step3,) = (tmp_path / "shm").glob("*/*/step-0000000003")
+    assert {"__0_m.distcp", "__1_m.distcp"} <= {p.name for p in step3.iterdir()}
+    manifest = json.loads((step3 / "manifest.json").read_text())
+    assert {f["name"] for f in manifest["files"]} >= {"__0_m.distcp", "__1_m.distcp"}
+    assert [json.loads((tmp_path / f"{kind}-{r}.json").read_text()) for r in (0, 1)] == [None] * 2
+
+
+def test_replicated_tensors_turn_staging_into_files_off(tmp_path: Path) -> None:
+    """DCP writes a replicated tensor on one rank: a file of every rank's copy would hold
+    copies nobody reads, so a rank whose plan lost tensors to another goes on staging as
+    before (a rank that writes all it staged may stay on)."""
+    run_ranks(_framed, 2, str(tmp_path), "replicated")
+    offs = [json.loads((tmp_path / f"replicated-{r}.json").read_text()) for r in (0, 1)]
+    assert any(offs) and all(o is None or "replicated tensor" in o for o in offs), offs
+    for step in (2, 3):
+        (d,) = (tmp_path / "shm").glob(f"*/*/step-{step:010d}")
+        for r, off in enumerate(offs):
+            assert not (off and (d / f"__{r}_m.distcp").exists())
+        data = sum(p.stat().st_size for p in d.glob("*.distcp"))
+        assert data < 64 * 64 * 4 * 2, data  # one copy of the state, not two
+    for r, off in enumerate(offs):
+        assert not (off and list((tmp_path / "shm").glob(f"*/*/.prepared/framed-{r}-*")))

@@ -82,12 +82,32 @@ def memory_step(root: Path, step: int) -> Path:
     return d
 
 
+def assert_in_manifest(f: Path) -> None:
+    """``f`` is in its step's manifest, with its size and checksum."""
+    manifest = Manifest.from_json((f.parent / MANIFEST).read_bytes())
+    (entry,) = [e for e in manifest.files if e.name == f.name]
+    assert hash_file(f) == (entry.size, entry.digest)
+
+
+def load_from_memory(root: Path, mem: Path, back: dict[str, Any], step: int) -> None:
+    """A new Checkpointer loads ``step`` into ``back``, from the memory tier."""
+    with Checkpointer(dir=root / "durable", memory=mem, every=1, agent=False) as ck:
+        assert ck.load_latest(back) == step
+        assert ck.last_load is not None and ck.last_load.tier == "memory"
+        ck.close(30)
+
+
 def test_each_save_reuses_the_file_prepared_after_the_last_and_never_a_linked_one(
     tmp_path: Path,
 ) -> None:
     mem = tmp_path / "shm"
     with Checkpointer(
-        dir=tmp_path / "durable", memory=mem, every=1, agent=False, keep={"memory": 1}
+        dir=tmp_path / "durable",
+        memory=mem,
+        every=1,
+        agent=False,
+        keep={"memory": 1},
+        stage_in_files=False,  # DCP's own write into prepared files (framed ones: 0053)
     ) as ck:
         ck.save(1, state(1.0))
         assert ck.wait(30)
@@ -106,17 +126,12 @@ def test_each_save_reuses_the_file_prepared_after_the_last_and_never_a_linked_on
             f = memory_step(mem, step) / "__0_0.distcp"
             if step == 2:
                 assert f.stat().st_ino == next_inode, "step 2 went into the prepared file"
-            manifest = Manifest.from_json((f.parent / MANIFEST).read_bytes())
-            (entry,) = [e for e in manifest.files if e.name == f.name]
-            assert hash_file(f) == (entry.size, entry.digest)
+            assert_in_manifest(f)
         assert held.read_bytes() == held_bytes, "a linked file of a pruned step was rewritten"
         assert held.stat().st_nlink == 1, "step 1 left memory"
         assert ck.close(30, release_memory=False)
     back = state(0.0)
-    with Checkpointer(dir=tmp_path / "durable", memory=mem, every=1, agent=False) as ck:
-        assert ck.load_latest(back) == 4
-        assert ck.last_load is not None and ck.last_load.tier == "memory"
-        ck.close(30)
+    load_from_memory(tmp_path, mem, back, 4)
     assert torch.equal(back["a"], state(4.0)["a"]) and back["n"] == 4
 
 

@@ -105,6 +105,10 @@ class Checkpointer:
         agent: hand the copies to the node's trainpod agent (``TRAINPOD_CKPT_SOCKET``): None
             (default) when one answers and ``tiers`` is not given, True to require it, False
             to copy in this process.
+        stage_in_files: from the second save of a state on, stage it straight into the
+            shared-memory tier's files, so the copy is that tier's write (ADR 0053); only
+            where every tensor is a CPU tensor or a DTensor's CPU shard and DCP writes all
+            of this rank's (not replicated ones).
 
     Raises:
         CheckpointConfigError: no durable location and no ``tiers``, or no local tier.
@@ -131,6 +135,7 @@ class Checkpointer:
         timeout_s: float = 1800.0,
         retry_base_s: float = 1.0,
         agent: bool | None = None,
+        stage_in_files: bool = True,
     ) -> None:
         if every is not None and interval is not None:
             raise CheckpointConfigError(f"got every={every} and interval={interval!r}; pass one")
@@ -180,6 +185,7 @@ class Checkpointer:
         self._config = config
         self._on_event = on_event
         self._retry_base_s = retry_base_s
+        self._stage_in_files = stage_in_files
         self.last_load: LoadResult | None = None
         """What the last :meth:`load_latest` did, with the reasons for any fallback."""
         self.last_stall_s: float | None = None
@@ -211,7 +217,7 @@ class Checkpointer:
             raise CheckpointError("save() after close(); create a new Checkpointer")
         t0 = time.perf_counter()
         self._pipe.staging_free.wait()
-        staged = self._stager.stage(state)
+        staged, framed = self._stager.stage_framed(state, self._pipe.framed)
         stall = time.perf_counter() - t0
         for seconds in self._pipe.take_write_times():
             self._costs.writes.add(seconds)
@@ -222,7 +228,8 @@ class Checkpointer:
         # writer: it agrees on this save's proposal in the background, and a rank that read
         # after it had would disagree with one that read before on the next save's step.
         interval = self._agreed_interval() if self.every is None else None
-        self._pipe.submit(Snapshot(step, staged, proposal, stall, nbytes=self._stager.nbytes()))
+        nbytes = self._stager.nbytes()
+        self._pipe.submit(Snapshot(step, staged, proposal, stall, nbytes=nbytes, framed=framed))
         stall = time.perf_counter() - t0
         self.last_stall_s = stall
         self._last_step = max(self._last_step, step)
@@ -454,6 +461,7 @@ class Checkpointer:
             agent=self.agent,
             targets=fallbacks(self.tiers),
             blocked=self._old_busy,
+            stage_in_files=self._stage_in_files,
         )
         if inherit is not None:
             self._pipe.inherit(inherit)

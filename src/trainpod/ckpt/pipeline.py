@@ -31,6 +31,7 @@ from typing import Any
 
 from trainpod.ckpt.coll import Coll
 from trainpod.ckpt.handoff import AgentPersistence, PersistStatus
+from trainpod.ckpt.inplace import FramedSource, framed_name
 from trainpod.ckpt.interval import Costs
 from trainpod.ckpt.manifest import (
     MANIFEST,
@@ -46,7 +47,7 @@ from trainpod.ckpt.placing import Placed, place
 from trainpod.ckpt.records import Ctx, EventHook, Progress, Snapshot
 from trainpod.ckpt.skips import SkipTally
 from trainpod.ckpt.tiers import FsTier, Meter, Tier
-from trainpod.ckpt.writefs import Preparer
+from trainpod.ckpt.writefs import PREPARED, Preparer
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ class Pipeline:
         agent: AgentPersistence | None = None,
         targets: list[FsTier] | None = None,
         blocked: Callable[[int], bool] | None = None,
+        stage_in_files: bool = True,
     ) -> None:
         """With ``agent``, ``copies`` are the tiers the agent's persister fills (for
         :meth:`progress`); this process copies nothing. ``targets``: the tiers a step may be
@@ -77,7 +79,8 @@ class Pipeline:
         :mod:`trainpod.ckpt.placing`). ``blocked(step)``: true while an abandoned pipeline of
         this rank may still write that step's files (:meth:`abandon`, :meth:`may_write`); a
         snapshot is skipped on every rank while it is true on any, so two generations never
-        write one step's files at once."""
+        write one step's files at once. ``stage_in_files``: stage into the primary tier's
+        framed files where it prepares files (ADR 0053; :attr:`framed`)."""
         self.ctx, self.cw, self.cc = ctx, write_coll, copy_coll
         self.agent = agent
         self.agent_tiers = [t.name for t in copies] if agent is not None else []
@@ -117,6 +120,11 @@ class Pipeline:
         self._stopping = False
         self._give_up = False
         self.preparer = Preparer()
+        prepared = primary.prepared_dir()
+        self.framed: FramedSource | None = (
+            FramedSource(prepared, ctx.rank) if stage_in_files and prepared is not None else None
+        )
+        """Where :meth:`Stager.stage_framed` takes this rank's framed files from."""
         self._writer = threading.Thread(target=self._write_loop, name="tp-ckpt-write", daemon=True)
         self._copier = threading.Thread(target=self._copy_loop, name="tp-ckpt-copy", daemon=True)
 
@@ -177,6 +185,8 @@ class Pipeline:
         # First: once every rank is past the collective below, the node's leader may remove
         # the memory tier, and no file may be allocated in it after that.
         self.preparer.close()
+        if self.framed is not None:
+            self.framed.close()
         done = self.wait(timeout_s)
         with self._cond:
             self._stopping = True
@@ -196,6 +206,8 @@ class Pipeline:
         self.cw.close(why)
         self.cc.close(why)
         self.preparer.close(0)
+        if self.framed is not None:
+            self.framed.close()
         with self._cond:
             self._stopping = self._give_up = True
             while True:
@@ -205,6 +217,7 @@ class Pipeline:
                     break
                 if snap is not None:
                     self._inflight -= 1
+                    self._drop_framed(snap)
             self._cond.notify_all()
         self._q.put(None)
 
@@ -313,6 +326,7 @@ class Pipeline:
                     )
                 self.staging_free.set()
             finally:
+                self._drop_framed(snap)  # unless the write took it (or failed with it)
                 with self._cond:
                     self._inflight -= 1
                     self._cond.notify_all()
@@ -333,6 +347,7 @@ class Pipeline:
         busy = [r for r, p in enumerate(pre) if p[4]]
         if busy:
             snap.staged = {}
+            self._drop_framed(snap)
             self.staging_free.set()
             why = (
                 f"step {step} skipped: a thread of the process group before an in-process "
@@ -343,11 +358,13 @@ class Pipeline:
             self._report(checkpoint_skipped_step=step)
             return
         needed = sum(p[3] for p in pre if p[2] == ctx.node)
-        placed = place(ctx, self.cw, self.targets, step, snap.staged, needed)
+        placed = place(ctx, self.cw, self.targets, step, snap.staged, needed, snap.framed)
         tier = placed.tier
         d = Path(tier.step_dir(step))
         err = placed.error
         snap.staged = {}
+        self._drop_framed(snap)
+        self._learn(placed)
         self.staging_free.set()
         self._tier_full(step, placed)  # may ask the agent: after the staging is free
         mine: list[FileEntry] = []
@@ -430,11 +447,46 @@ class Pipeline:
 
     def _prepare(self, tier: FsTier, mine: list[FileEntry]) -> None:
         """Allocate this rank's files for the next step in the tier just written (if it
-        preallocates: :mod:`trainpod.ckpt.writefs`), unless a snapshot already waits."""
+        preallocates: :mod:`trainpod.ckpt.writefs`), and the framed file the next save is
+        to stage into (:mod:`trainpod.ckpt.inplace`), unless a snapshot already waits."""
         prepared = tier.prepared_dir()
         if prepared is None or not self._q.empty():
             return
-        self.preparer.request(prepared, {e.name: e.size for e in mine})
+        source = self.framed if tier is self.primary else None
+        then = source.make if source is not None and source.wanted() else None
+        skip = framed_name(self.ctx.rank)
+        sizes = {e.name: e.size for e in mine if e.name != skip}
+        self.preparer.request(prepared, sizes, then)
+
+    @staticmethod
+    def _drop_framed(snap: Snapshot) -> None:
+        """The writer is done with the snapshot's framed file: it is in the step's directory
+        (the step's now), or it was not used and goes."""
+        framed, snap.framed = snap.framed, None
+        if framed is None:
+            return
+        framed.release()
+        if framed.path.parent.name == PREPARED:
+            try:
+                framed.path.unlink()
+            except OSError:
+                pass
+
+    def _learn(self, placed: Placed) -> None:
+        """Staging into files stops for good when DCP leaves some of this rank's tensors to
+        another rank (it writes a replicated tensor once): a framed file of them all would
+        hold copies nobody reads."""
+        staged, planned = placed.tensors
+        if self.framed is None or placed.error is not None or planned >= staged:
+            return
+        if self.framed.off is None:
+            why = (
+                f"DCP writes {planned} of the {staged} tensors rank {self.ctx.rank} stages (it"
+                " writes each replicated tensor on one rank only); staging into the memory"
+                " tier's files is off for this run: they would hold every rank's copy"
+            )
+            log.info("rank %d: %s", self.ctx.rank, why)
+            self.framed.learn(False, why)
 
     def _committed_event(
         self, tier: Tier, step: int, skipped: int = 0, *, written: bool = False

@@ -16,12 +16,15 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainpod.ckpt.coll import Coll
 from trainpod.ckpt.fullness import Full, free_bytes, nowhere, unwritable
 from trainpod.ckpt.records import Ctx
 from trainpod.ckpt.tiers import FsTier
+
+if TYPE_CHECKING:
+    from trainpod.ckpt.inplace import FramedFile
 
 
 @dataclass
@@ -38,39 +41,72 @@ class Placed:
     """This rank's files whose (size, checksum) the write computed (no read-back needed)."""
     reused: int = 0
     """How many of them were written over files prepared for them (:mod:`.writefs`)."""
+    in_place: int = 0
+    """Tensors that were in the step's framed file already (ADR 0053): DCP wrote none."""
+    tensors: tuple[int, int] = (0, 0)
+    """(tensors this rank staged, tensors its final DCP plan holds): fewer in the plan means
+    DCP leaves replicated ones to another rank."""
 
     def mine(self, node: str) -> list[Full]:
         return [f for n, f in self.full if n == node]
 
 
-def _dcp_save(staged: dict[str, Any], d: Path, tier: FsTier, coll: Coll, placed: Placed) -> None:
+def _dcp_save(
+    ctx: Ctx,
+    staged: dict[str, Any],
+    d: Path,
+    tier: FsTier,
+    coll: Coll,
+    placed: Placed,
+    framed: FramedFile | None,
+) -> None:
     """``dcp.save`` through :func:`~trainpod.ckpt.writefs.tier_filesystem`: checksums as it
-    writes, into the tier's prepared files where it has them."""
+    writes, into the tier's prepared files where it has them. When ``framed`` (the file the
+    state was staged into) is this tier's, it moves into the step's directory and its
+    tensors are not written again: only their place is recorded (ADR 0053); its checksum is
+    one pass over it in memory."""
     import torch.distributed.checkpoint as dcp
 
+    from trainpod.ckpt.inplace import framed_name, inplace_writer
+    from trainpod.ckpt.staging import count_tensors
     from trainpod.ckpt.writefs import tier_filesystem, zip_crc_off
 
     d.mkdir(parents=True, exist_ok=True)
-    writer = dcp.FileSystemWriter(d, sync_files=tier.sync)
-    fs = tier_filesystem(tier.prepared_dir())
+    files = []
+    prepared = tier.prepared_dir()
+    if framed is not None and prepared is not None and framed.path.parent == prepared:
+        framed.move_to(d / framed_name(ctx.rank))
+        files.append(framed)
+    writer = inplace_writer(d, files, sync_files=tier.sync)
+    fs = tier_filesystem(prepared)
     writer.fs = fs
     group = coll.bound()
     with zip_crc_off():
         dcp.save(staged, storage_writer=writer, process_group=group, no_dist=group is None)
     placed.written, placed.reused = dict(fs.written), fs.reused
+    placed.in_place, placed.tensors = writer.in_place, (count_tensors(staged), writer.tensors)
+    for f in files:
+        placed.written[f.path.name] = (f.layout.size, f.crc32c())
 
 
 def place(
-    ctx: Ctx, coll: Coll, targets: Sequence[FsTier], step: int, staged: dict[str, Any], needed: int
+    ctx: Ctx,
+    coll: Coll,
+    targets: Sequence[FsTier],
+    step: int,
+    staged: dict[str, Any],
+    needed: int,
+    framed: FramedFile | None = None,
 ) -> Placed:
     """Write ``staged`` for ``step`` into the first of ``targets`` that takes it (collective).
 
-    ``needed``: the bytes this node's ranks staged (the pre-check's bar)."""
+    ``needed``: the bytes this node's ranks staged (the pre-check's bar). ``framed``: the
+    file ``staged`` lies in (:mod:`trainpod.ckpt.inplace`), used where it is the tier's."""
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
     placed = Placed(targets[0])
     for tier in targets:
-        placed.tier, placed.written, placed.reused = tier, {}, 0
+        placed.tier, placed.written, placed.reused, placed.in_place = tier, {}, 0, 0
         d = Path(tier.step_dir(step))
         err: str | None = None
         full: Full | None = None
@@ -87,7 +123,7 @@ def place(
                 placed.error = "; ".join(errors)
                 return placed
             try:
-                _dcp_save(staged, d, tier, coll, placed)
+                _dcp_save(ctx, staged, d, tier, coll, placed, framed)
             except (Exception, CheckpointException) as exc:
                 err = f"dcp.save into {tier.name}: {str(exc)[:500]}"
                 full = unwritable(tier, exc, needed)  # before the partial files go

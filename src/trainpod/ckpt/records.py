@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from trainpod.ckpt.inplace import FramedFile
     from trainpod.ckpt.interval import Costs
 
 EventHook = Callable[[str, int], None]
@@ -41,6 +42,9 @@ class Snapshot:
     submitted: float = field(default_factory=time.monotonic)
     nbytes: int = 0
     """Bytes of tensors this rank staged (what its files will need, about)."""
+    framed: FramedFile | None = None
+    """The memory tier's framed file the state was staged into (ADR 0053): its tensors are
+    in ``staged``; the writer moves it into the step's directory, or removes it."""
 
 
 @dataclass(frozen=True)

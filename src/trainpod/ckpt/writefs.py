@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -201,16 +201,23 @@ class Preparer:
     def __init__(self, nice: int = 19) -> None:
         self.nice = nice
         self._cond = threading.Condition()
-        self._job: tuple[Path, dict[str, int]] | None = None
+        self._job: tuple[Path, dict[str, int], Callable[[], object] | None] | None = None
         self._busy = False
         self._stop = False
         self._thread: threading.Thread | None = None
 
-    def request(self, prepared: Path, sizes: Mapping[str, int]) -> None:
+    def request(
+        self,
+        prepared: Path,
+        sizes: Mapping[str, int],
+        then: Callable[[], object] | None = None,
+    ) -> None:
+        """Allocate ``sizes`` in ``prepared``, then run ``then`` (the framed file of
+        :mod:`trainpod.ckpt.inplace`) on the same thread."""
         with self._cond:
             if self._stop:
                 return
-            self._job = (prepared, dict(sizes))
+            self._job = (prepared, dict(sizes), then)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="tp-ckpt-prepare", daemon=True
@@ -244,10 +251,14 @@ class Preparer:
                 if self._stop:
                     return
                 assert self._job is not None
-                (prepared, sizes), self._job = self._job, None
+                (prepared, sizes, then), self._job = self._job, None
                 self._busy = True
             try:
                 prepare(prepared, sizes)
+                if then is not None:
+                    then()
+            except OSError as exc:  # the tier is full or gone: the next save does without
+                log.info("preparing %s: %s", prepared, exc)
             except Exception:  # never let it end silently: log and go on
                 log.exception("preparing %s", prepared)
             finally:

@@ -1,0 +1,398 @@
+"""Staging straight into the memory tier's files: the snapshot's copy *is* the write.
+
+Today's memory tier costs two copies of the state after ``save()``: the stall copies it into
+staging buffers, and the writer's ``dcp.save`` copies it again into ``/dev/shm`` files
+(wrapped by ``torch.save``'s zip framing, one record per tensor). This module removes the
+second copy (ADR 0053):
+
+* :func:`~trainpod.ckpt.framing.framing` gives the bytes ``torch.save`` writes around a
+  contiguous tensor's data (the zip headers, the pickled tensor, the central directory),
+  with the zip CRCs off, computed once per dtype and shape by ``torch.save`` itself.
+* :class:`FramedFile` is one file laid out as ``torch.save`` of each tensor, one after the
+  other at 64-byte aligned offsets, the framing already in place and the data regions
+  allocated but unwritten, mapped into memory (``MAP_POPULATE``: every page is allocated
+  and mapped before a save needs it). :meth:`FramedFile.tensors` are tensors over those
+  data regions: the stall copies the training state into them, and once it has, the file
+  is each tensor's ``torch.save`` bytes.
+* :func:`inplace_writer` is DCP's ``FileSystemWriter`` that, for a tensor already in such
+  a file, writes nothing: it records where it lies (file, offset, length), which is what
+  DCP's ``.metadata`` holds for every item. Anything else (bytes, a tensor not in the file)
+  is written as DCP writes it. DCP's own ``FileSystemReader`` loads the result: it reads
+  each item's bytes at that offset and ``torch.load``\\ s them.
+
+The commit then costs a CRC-32C pass over the file (in memory, no copy to disk), DCP's
+metadata and the manifest, instead of a second write of every byte.
+
+One file serves one snapshot: once its step is committed it is a checkpoint and must never
+be written again, so each save takes a new file (prepared between saves, as ADR 0048's
+files are), and nothing keeps a file's tensors once it has been handed to the writer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import google_crc32c
+import psutil
+
+from trainpod.ckpt.framing import Framing, framing
+
+if TYPE_CHECKING:
+    import torch
+
+ALIGN = 64
+"""Each tensor's zip starts at a multiple of this in a framed file: its data, which
+``torch.save`` aligns to 64 bytes inside the zip, then lies aligned for any dtype (the
+mapping starts on a page). Not a page each: a model of many small tensors would double
+their bytes."""
+_CRC_PIECE = 8 << 20
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one tensor's ``torch.save`` bytes lie in a framed file."""
+
+    offset: int
+    """Where its zip starts (a multiple of :data:`ALIGN`)."""
+    framing: Framing
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def data_offset(self) -> int:
+        return self.offset + len(self.framing.head)
+
+    @property
+    def length(self) -> int:
+        return self.framing.size
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The slots of a framed file, in the order of the specs it was made from."""
+
+    slots: tuple[Slot | None, ...]
+    """One per spec; None where the tensor has no framing (:func:`framing`)."""
+    size: int
+
+    @classmethod
+    def of(cls, specs: Sequence[tuple[torch.dtype, Sequence[int]]]) -> Layout:
+        """``specs``: (dtype, shape) of each tensor to place, in order."""
+        slots: list[Slot | None] = []
+        at = 0
+        for dtype, shape in specs:
+            f = framing(dtype, shape)
+            if f is None:
+                slots.append(None)
+                continue
+            slots.append(Slot(at, f, dtype, tuple(int(n) for n in shape)))
+            at += -(-f.size // ALIGN) * ALIGN
+        return cls(tuple(slots), at)
+
+    @property
+    def nbytes(self) -> int:
+        """The tensors' data in the file."""
+        return sum(s.framing.nbytes for s in self.slots if s is not None)
+
+
+class FramedFile:
+    """A file of :class:`Layout`, mapped for writing the tensors' data in place.
+
+    Make it with :meth:`create` (allocates every page, writes the framing, maps it);
+    :meth:`tensors` are views of the data regions; :meth:`locate` says where a tensor given
+    to DCP lies in the file, if it is one of those views; :meth:`crc32c` checksums it."""
+
+    def __init__(self, path: Path, layout: Layout, mm: mmap.mmap | None) -> None:
+        self.path = path
+        self.layout = layout
+        self._mm = mm
+        self._views: list[torch.Tensor | None] | None = None
+        self._by_ptr: dict[int, Slot] = {}
+
+    @classmethod
+    def create(cls, path: Path, layout: Layout) -> FramedFile:
+        """Write ``layout``'s framing into a new file at ``path`` (it appears whole, by a
+        rename), every page allocated, and map it (``MAP_POPULATE``). Raises OSError (the
+        tmpfs is full: ENOSPC)."""
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o600)
+        try:
+            if layout.size:
+                os.posix_fallocate(fd, 0, layout.size)
+            for slot in layout.slots:
+                if slot is None:
+                    continue
+                os.pwrite(fd, slot.framing.head, slot.offset)
+                os.pwrite(fd, slot.framing.tail, slot.data_offset + slot.framing.nbytes)
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mm = mmap.mmap(fd, layout.size, flags=flags) if layout.size else None
+            os.rename(tmp, path)
+        except BaseException:
+            os.close(fd)
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            raise
+        os.close(fd)  # the mapping keeps the file's pages
+        return cls(path, layout, mm)
+
+    def tensors(self) -> list[torch.Tensor | None]:
+        """One tensor per slot of the layout (None where it has none), over the file's data
+        regions: what is copied into them is in the file."""
+        import torch
+
+        if self._views is None:
+            mm = self._mm
+            views: list[torch.Tensor | None] = []
+            for slot in self.layout.slots:
+                if slot is None:
+                    views.append(None)
+                    continue
+                assert mm is not None  # a slot means a non-empty file
+                numel = slot.framing.nbytes // slot.dtype.itemsize
+                t = torch.frombuffer(
+                    mm, dtype=slot.dtype, count=numel, offset=slot.data_offset
+                ).view(slot.shape)
+                self._by_ptr[t.data_ptr()] = slot
+                views.append(t)
+            self._views = views
+        return self._views
+
+    def locate(self, t: Any) -> Slot | None:
+        """The slot ``t`` fills exactly (a whole view of :meth:`tensors`), else None."""
+        import torch
+
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or not self._by_ptr:
+            return None
+        slot = self._by_ptr.get(t.data_ptr())
+        if slot is None or t.dtype != slot.dtype or tuple(t.shape) != slot.shape:
+            return None
+        if not t.is_contiguous() or t.untyped_storage().nbytes() != slot.framing.nbytes:
+            return None
+        return slot
+
+    def move_to(self, path: Path) -> None:
+        """Rename the file (the mapping stays valid): into the step's directory."""
+        os.rename(self.path, path)
+        self.path = path
+
+    def crc32c(self) -> str:
+        """The whole file's CRC-32C in hex, read from the mapping."""
+        crc = 0
+        if self._mm is None:
+            return f"{crc:08x}"
+        view = memoryview(self._mm)
+        try:
+            for at in range(0, self.layout.size, _CRC_PIECE):
+                crc = google_crc32c.extend(crc, bytes(view[at : at + _CRC_PIECE]))
+        finally:
+            view.release()
+        return f"{crc:08x}"
+
+    def release(self) -> None:
+        """Drop this object's tensors; the mapping goes when no tensor made from it is left
+        (a tensor keeps its buffer alive)."""
+        self._views = None
+        self._by_ptr = {}
+
+
+_WRITER: type[Any] | None = None
+
+
+def inplace_writer(path: Path, files: Sequence[FramedFile], *, sync_files: bool) -> Any:
+    """DCP's ``FileSystemWriter`` for ``path`` that writes nothing for a tensor already in
+    one of ``files`` (which must lie in ``path`` by then): its ``.metadata`` entry points
+    at the tensor's ``torch.save`` bytes there. Everything else is written as DCP writes
+    it (set ``.fs`` to a file system of :mod:`trainpod.ckpt.writefs` as usual)."""
+    global _WRITER
+    if _WRITER is None:
+        from torch.distributed.checkpoint import FileSystemWriter
+        from torch.distributed.checkpoint.filesystem import _StorageInfo
+        from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+        from torch.distributed.checkpoint.storage import WriteResult
+        from torch.futures import Future
+
+        class InPlaceWriter(FileSystemWriter):  # type: ignore[misc]  # untyped base
+            def __init__(self, path: Path, files: Sequence[FramedFile], sync_files: bool):
+                super().__init__(path, sync_files=sync_files)
+                self.framed = list(files)
+                self.in_place = 0
+                """Items found in place by the last :meth:`write_data`."""
+                self.tensors = 0
+                """Tensor items in the last plan this rank wrote (after DCP's dedup)."""
+
+            def write_data(
+                self, plan: SavePlan, planner: SavePlanner
+            ) -> Future[list[WriteResult]]:  # DCP waits on a torch Future
+                done: list[WriteResult] = []
+                rest = []
+                self.tensors = sum(1 for i in plan.items if i.type != WriteItemType.BYTE_IO)
+                for item in plan.items:
+                    hit = None
+                    if item.type != WriteItemType.BYTE_IO:
+                        data = planner.resolve_data(item)
+                        hit = next(
+                            ((f, s) for f in self.framed if (s := f.locate(data)) is not None),
+                            None,
+                        )
+                    if hit is None:
+                        rest.append(item)
+                        continue
+                    f, slot = hit
+                    info = _StorageInfo(f.path.name, slot.offset, slot.length)
+                    done.append(WriteResult(item.index, slot.length, info))
+                self.in_place = len(done)
+                if rest:
+                    rest_plan = dataclasses.replace(plan, items=rest)
+                    done += super().write_data(rest_plan, planner).wait()
+                fut: Future[list[WriteResult]] = Future()
+                fut.set_result(done)
+                return fut
+
+        _WRITER = InPlaceWriter
+    return _WRITER(path, files, sync_files)
+
+
+Spec = tuple["torch.dtype", tuple[int, ...]]
+"""(dtype, shape) of one tensor to place."""
+
+
+def framed_name(rank: int) -> str:
+    """A rank's framed file in a step's directory: one of its DCP data files
+    (``__<rank>_*.distcp``, :func:`~trainpod.ckpt.manifest.rank_files`), a name DCP's own
+    writer never gives (it numbers its files)."""
+    return f"__{rank}_m.distcp"
+
+
+class FramedSource:
+    """One rank's supply of framed files in a tier's ``.prepared`` directory.
+
+    The stager asks for a file of its state's layout (:meth:`take`): it gets the one made
+    for that layout, once, or None (then it stages as before, and asks for one:
+    :meth:`want`). :meth:`make`, run on the preparer's thread after each commit, makes the
+    file wanted. :meth:`learn` turns staging into files off for good when a save showed
+    that DCP does not write every tensor this rank stages (replicated tensors are written
+    by one rank of those holding them: a file holding them all would fill the tier with
+    copies nobody reads)."""
+
+    def __init__(self, prepared: Path, rank: int) -> None:
+        self.prepared = prepared
+        self.name = framed_name(rank)
+        self.rank = rank
+        self._prefix = f"framed-{rank}-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
+        """Each source names its files apart: a source of a re-formed process group runs
+        beside the old one's, whose last file may wait to be moved (ADR 0046)."""
+        self._made = 0
+        self._lock = threading.Lock()
+        self._ready: FramedFile | None = None
+        self._want: tuple[Spec, ...] | None = None
+        self._layouts: dict[tuple[Spec, ...], Layout] = {}
+        self.off: str | None = None
+        """Why staging into files is off (None: it is on)."""
+
+    def sweep(self) -> int:
+        """Remove this rank's files left in ``.prepared`` by processes that are gone (an
+        attempt killed between a save and its commit); how many went."""
+        gone = 0
+        try:
+            mine = f"framed-{self.rank}-"
+            names = [p for p in self.prepared.iterdir() if p.name.startswith(mine)]
+        except OSError:
+            return 0
+        for p in names:
+            pid = p.name.split("-")[2]
+            if pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid)):
+                try:
+                    p.unlink()
+                    gone += 1
+                except OSError:
+                    pass
+        return gone
+
+    def take(self, specs: Sequence[Spec]) -> FramedFile | None:
+        """The file made for ``specs``, handed out once; None when there is none (yet)."""
+        key = tuple(specs)
+        with self._lock:
+            ready = self._ready
+            if self.off is not None or ready is None or self._want != key:
+                return None
+            self._ready = None
+        return ready
+
+    def want(self, specs: Sequence[Spec]) -> None:
+        """Make the next file for ``specs`` (at the next :meth:`make`)."""
+        with self._lock:
+            self._want = tuple(specs)
+
+    def wanted(self) -> bool:
+        with self._lock:
+            return self.off is None and self._want is not None
+
+    def learn(self, wrote_all: bool, why: str = "") -> None:
+        """After a save: whether DCP wrote every tensor this rank staged."""
+        if wrote_all:
+            return
+        with self._lock:
+            if self.off is None:
+                self.off = why or "DCP did not write every tensor this rank staged"
+            self._drop_locked()
+
+    def make(self) -> FramedFile | None:
+        """Make the file wanted, unless one for it is ready (the preparer's thread). Raises
+        OSError (the tier is full: the next save stages as before)."""
+        with self._lock:
+            key = self._want
+            if self.off is not None or key is None:
+                return None
+            if self._ready is not None and self._ready.layout is self._layouts.get(key):
+                return self._ready
+            self._drop_locked()
+            layout = self._layouts.get(key)
+        if layout is None:
+            layout = Layout.of(key)
+        # A name of its own: a file taken by the last save waits here until the writer
+        # moves it into its step's directory.
+        self.prepared.mkdir(exist_ok=True)  # not its parents: a tier gone stays gone
+        if self._made == 0:
+            self.sweep()
+        self._made += 1
+        ff = FramedFile.create(self.prepared / f"{self._prefix}{self._made}", layout)
+        with self._lock:
+            self._layouts = {key: layout}  # the layouts of states no longer saved go
+            if self.off is not None or self._want != key:
+                _unlink(ff)
+                return None
+            self._ready = ff
+        return ff
+
+    def close(self) -> None:
+        """No more files: the one not taken goes (and one being made goes when it is)."""
+        with self._lock:
+            self.off = self.off or "closed"
+            self._drop_locked()
+
+    def discard(self, ff: FramedFile) -> None:
+        """A file taken but not handed to the writer (the copy into it failed)."""
+        _unlink(ff)
+
+    def _drop_locked(self) -> None:
+        if self._ready is not None:
+            _unlink(self._ready)
+            self._ready = None
+
+
+def _unlink(ff: FramedFile) -> None:
+    ff.release()
+    try:
+        ff.path.unlink()
+    except OSError:
+        pass
