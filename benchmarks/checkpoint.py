@@ -18,6 +18,9 @@ Methods, interleaved run by run so that all see the same machine and disk:
   shared-memory, scratch and durable copies). The agent's side runs here as it does in the
   node agent: a :class:`~trainpod.agent.persisters.CheckpointHub` that hands each committed
   step to a persister process;
+* ``trainpod DCP write``: the same with ``stage_in_files=False``: the state is staged into
+  buffers and DCP writes it into the memory tier's prepared files (the path before ADR 0053;
+  ``trainpod`` stages into the memory tier's framed file from its second save on);
 * ``trainpod in-process``: the same without an agent (``agent=False``, a plain script): the
   copies to scratch and durable run on a thread of the training process;
 * ``trainpod control``: no save, measured the same way (how noisy the machine is).
@@ -68,6 +71,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from trainpod.agent.persisters import CheckpointHub
 from trainpod.ckpt import Checkpointer
 from trainpod.ckpt.handoff import SOCKET_ENV
+from trainpod.ckpt.inplace import framed_name
 from trainpod.ckpt.persist import DEFAULT_NICE
 from trainpod.ckpt.tiers import FsTier
 
@@ -156,6 +160,7 @@ class Bench:
         # process per job (see trainpod.agent.persisters).
         self.hub: CheckpointHub | None = None
         self.ck_agent: Checkpointer | None = None
+        self.ck_dcp_write: Checkpointer | None = None
         if agent:
             sock_dir = Path(tempfile.mkdtemp(prefix="tpb-", dir="/tmp"))
             self.hub = CheckpointHub(
@@ -163,9 +168,12 @@ class Bench:
             )
             os.environ[SOCKET_ENV] = str(self.hub.path)
             self.ck_agent = self._checkpointer("trainpod-agent-durable", agent=True)
+            self.ck_dcp_write = self._checkpointer(
+                "trainpod-dcp-write-durable", agent=True, stage_in_files=False
+            )
         self.step = 0
 
-    def _checkpointer(self, durable: str, agent: bool) -> Checkpointer:
+    def _checkpointer(self, durable: str, agent: bool, stage_in_files: bool = True) -> Checkpointer:
         return Checkpointer(
             self.root / durable,
             memory=True,  # /dev/shm
@@ -173,10 +181,11 @@ class Bench:
             keep=1,
             every=1,
             agent=agent,
+            stage_in_files=stage_in_files,
         )
 
     def close(self) -> None:
-        for ck in (self.ck, self.ck_agent):
+        for ck in (self.ck, self.ck_agent, self.ck_dcp_write):
             if ck is not None:
                 assert ck.close(timeout_s=600)
                 if ck.layout.memory is not None:
@@ -273,10 +282,14 @@ class Bench:
                 if name not in seen and path.exists():
                     seen[name] = (time.perf_counter(), n)
         assert ck.wait(600)
+        # Whether this save was staged into the memory tier's file (ADR 0053): from the
+        # second save on, when the file for it was made in time.
+        in_place = (manifests[0][1].parent / framed_name(0)).exists()
         idle = (idle + self.trainer.rate(1.0)) / 2  # before and after: the machine may be shared
         (tm, nm), (td, nd) = seen["memory"], seen["durable"]
         out = {"stall_s": stall, "bg_rate": n / (td - t0) / idle, "durable_s": td - t0}
         out["persist_rate"] = (nd - nm) / (td - tm) / idle if td > tm else float("nan")
+        out["in_place"] = float(in_place)
         for name, (t, _) in seen.items():
             out[f"{name}_s"] = t - t0
         return out
@@ -291,6 +304,10 @@ class Bench:
     def trainpod(self) -> Sample:
         assert self.ck_agent is not None
         return self._trainpod(self.ck_agent)
+
+    def trainpod_dcp_write(self) -> Sample:
+        assert self.ck_dcp_write is not None
+        return self._trainpod(self.ck_dcp_write)
 
     def trainpod_in_process(self) -> Sample:
         return self._trainpod(self.ck)
@@ -336,6 +353,7 @@ def main() -> None:
         "dcp.async_save cached": bench.async_cached,
         "dcp.async_save process": bench.async_process,
         "trainpod": bench.trainpod,
+        "trainpod DCP write": bench.trainpod_dcp_write,
         "trainpod in-process": bench.trainpod_in_process,
         "trainpod control": bench.control,
     }
@@ -452,7 +470,7 @@ def report(
     samples: dict[str, list[Sample]],
     errors: dict[str, str],
 ) -> None:
-    keys = ("stall_s", "durable_s", "bg_rate", "memory_s", "scratch_s", "persist_rate")
+    keys = ("stall_s", "durable_s", "bg_rate", "memory_s", "scratch_s", "persist_rate", "in_place")
     med = {n: {k: _median(runs, k) for k in keys} for n, runs in samples.items() if runs}
     floor = med["memcpy (floor)"]["stall_s"]
     assert floor is not None
@@ -469,13 +487,15 @@ def report(
     for name, why in errors.items():
         print(f"{name:24s} could not run here: {why}")
     verdict: dict[str, bool] = {}
-    for name in ("trainpod", "trainpod in-process"):
+    for name in ("trainpod", "trainpod DCP write", "trainpod in-process"):
         if name not in med:
             continue
         t = med[name]
+        staged = sum(int(r.get("in_place", 0)) for r in samples[name])
         print(f"{name} commits: memory {t['memory_s']:.2f} s, scratch {t['scratch_s']:.2f} s, "
               f"durable {t['durable_s']:.2f} s after save() was called; training loop at "
-              f"{t['persist_rate']:.0%} of its idle rate while the copies ran")  # fmt: skip
+              f"{t['persist_rate']:.0%} of its idle rate while the copies ran; staged into "
+              f"the memory tier's file in {staged} of {len(samples[name])} runs")  # fmt: skip
     for line, key, ok in targets(med, samples):
         verdict[key] = ok
         print(f"{'PASS' if ok else 'FAIL'} {line}")
