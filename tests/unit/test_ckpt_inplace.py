@@ -339,7 +339,7 @@ def test_tensors_in_lists_go_into_the_file_and_a_tuple_holding_one_keeps_the_old
     it pickles is not one of its tensor items, so such a state stages as before."""
 
     def listed(v: float) -> dict[str, Any]:
-        layers = [torch.full((100,), v), {"m": torch.full((7,), v + 1)}, 3]
+        layers = [torch.full((100,), v), {"m": torch.full((7,), v + 1)}, 3, torch.zeros(0)]
         return {"layers": layers, "betas": (0.9, 0.99), "n": int(v)}
 
     def tupled(v: float) -> dict[str, Any]:
@@ -362,3 +362,29 @@ def test_tensors_in_lists_go_into_the_file_and_a_tuple_holding_one_keeps_the_old
             assert ck.load_latest(back) == 2
             ck.close(30)
         _assert_same(back, make(2.0))
+
+
+@pytest.mark.parametrize("madvise_works", [True, False])
+def test_populating_a_mapping_changes_no_byte_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, madvise_works: bool
+) -> None:
+    """Faulting the pages in (madvise, else one write per page of the byte already there)
+    leaves the framing and everything else as it was."""
+    import mmap
+
+    from trainpod.ckpt import inplace
+
+    if not madvise_works:
+
+        class NoMadvise:
+            def madvise(self, *_: Any) -> int:
+                return -1
+
+        monkeypatch.setattr(inplace, "_LIBC", NoMadvise())
+    data = os.urandom(3 * mmap.PAGESIZE + 123)
+    f = tmp_path / "f"
+    f.write_bytes(data)
+    with f.open("r+b") as fh:
+        mm = mmap.mmap(fh.fileno(), len(data), flags=mmap.MAP_SHARED)
+    assert inplace.populate(mm) == ("madvise" if madvise_works else "touch")
+    assert bytes(mm) == data and f.read_bytes() == data
