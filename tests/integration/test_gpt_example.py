@@ -161,7 +161,9 @@ def test_resume_falls_back_past_a_corrupt_checkpoint(
     nine_step_run: tuple[Path, str], tmp_path: Path
 ) -> None:
     ckpt_dir = _crashed_copy(nine_step_run, tmp_path / "ckpt")
-    (shard,) = (ckpt_dir / "step-0000000006").glob("*.distcp")
+    # The rank's largest data file: its tensors (staged in place, ADR 0053, from the second
+    # save on; the other holds the pickled values).
+    shard = max((ckpt_dir / "step-0000000006").glob("*.distcp"), key=lambda p: p.stat().st_size)
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped bit's worth of damage; same size
     shard.write_bytes(bytes(data))
