@@ -281,14 +281,13 @@ class FramedSource:
     The stager asks for a file of its state's layout (:meth:`take`): it gets the one made
     for that layout, once, or None (then it stages as before, and asks for one:
     :meth:`want`). :meth:`make`, run on the preparer's thread after each commit, makes the
-    file wanted. :meth:`learn` turns staging into files off for good when a save showed
+    file wanted. :meth:`turn_off` turns staging into files off for good, as when a save showed
     that DCP does not write every tensor this rank stages (replicated tensors are written
     by one rank of those holding them: a file holding them all would fill the tier with
     copies nobody reads)."""
 
     def __init__(self, prepared: Path, rank: int) -> None:
         self.prepared = prepared
-        self.name = framed_name(rank)
         self.rank = rank
         self._prefix = f"framed-{rank}-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
         """Each source names its files apart: a source of a re-formed process group runs
@@ -339,13 +338,10 @@ class FramedSource:
         with self._lock:
             return self.off is None and self._want is not None
 
-    def learn(self, wrote_all: bool, why: str = "") -> None:
-        """After a save: whether DCP wrote every tensor this rank staged."""
-        if wrote_all:
-            return
+    def turn_off(self, why: str) -> None:
+        """No more files for this run (the first reason is kept)."""
         with self._lock:
-            if self.off is None:
-                self.off = why or "DCP did not write every tensor this rank staged"
+            self.off = self.off or why
             self._drop_locked()
 
     def make(self) -> FramedFile | None:
@@ -378,9 +374,7 @@ class FramedSource:
 
     def close(self) -> None:
         """No more files: the one not taken goes (and one being made goes when it is)."""
-        with self._lock:
-            self.off = self.off or "closed"
-            self._drop_locked()
+        self.turn_off("closed")
 
     def discard(self, ff: FramedFile) -> None:
         """A file taken but not handed to the writer (the copy into it failed)."""

@@ -486,7 +486,7 @@ class Pipeline:
                 " tier's files is off for this run: they would hold every rank's copy"
             )
             log.info("rank %d: %s", self.ctx.rank, why)
-            self.framed.learn(False, why)
+            self.framed.turn_off(why)
 
     def _committed_event(
         self, tier: Tier, step: int, skipped: int = 0, *, written: bool = False

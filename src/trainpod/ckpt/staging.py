@@ -205,7 +205,7 @@ class Stager:
             views = iter(framed.tensors())
         except Exception as exc:  # a dtype torch.frombuffer does not take, say
             source.discard(framed)
-            source.learn(False, f"a framed file's tensors cannot be made: {exc}")
+            source.turn_off(f"a framed file's tensors cannot be made: {exc}")
             return self._stage(sd), None
 
         try:
