@@ -33,6 +33,7 @@ from typing import IO
 from fsspec import AbstractFileSystem  # type: ignore[import-untyped]  # no type hints
 from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
+from trainpod.ckpt.filecopy import copy_file
 from trainpod.ckpt.manifest import CHUNK, MANIFEST, Manifest, write_atomic
 from trainpod.ckpt.writefs import PREPARED
 
@@ -214,7 +215,7 @@ class FsTier(Tier):
     def _copy(self, src: Path, dst: str, meter: Meter) -> None:
         size = src.stat().st_size
         if type(self.fs) is LocalFileSystem:  # plain files: the kernel copies, no GIL held
-            self._sendfile(src, Path(dst), size, meter)
+            copy_file(src, Path(dst), size, lambda n: meter.add(n, self.throttled), sync=self.sync)
             return
         with src.open("rb") as fin, self.fs.open(dst, "wb") as fout:
             while chunk := fin.read(CHUNK):
@@ -228,18 +229,6 @@ class FsTier(Tier):
                     pass
         if not self.local and self.fs.size(dst) != size:
             raise OSError(f"{dst}: wrote {self.fs.size(dst)} bytes of {size}")
-
-    def _sendfile(self, src: Path, dst: Path, size: int, meter: Meter) -> None:
-        with src.open("rb") as fin, dst.open("wb") as fout:
-            done = 0
-            while done < size:
-                n = os.sendfile(fout.fileno(), fin.fileno(), done, min(4 * CHUNK, size - done))
-                if n == 0:
-                    raise OSError(f"{src}: file shrank while being copied to {dst}")
-                done += n
-                meter.add(n, self.throttled)
-            if self.sync:
-                os.fsync(fout.fileno())
 
     def commit(self, step: int, manifest: Manifest) -> None:
         self.write_whole(f"{self.step_dir(step)}/{MANIFEST}", manifest.to_json())
