@@ -388,3 +388,77 @@ def test_populating_a_mapping_changes_no_byte_of_it(
         mm = mmap.mmap(fh.fileno(), len(data), flags=mmap.MAP_SHARED)
     assert inplace.populate(mm) == ("madvise" if madvise_works else "touch")
     assert bytes(mm) == data and f.read_bytes() == data
+
+
+# ------------------------------------------------------------------ hashing while copying
+def _three_slots(tmp_path: Path) -> tuple[FramedFile, list[torch.Tensor]]:
+    data = [torch.arange(3000.0), torch.ones(5, 7, dtype=torch.int64), torch.rand(2_000_000)]
+    layout = Layout.of([(t.dtype, tuple(t.shape)) for t in data])
+    return FramedFile.create(tmp_path / "__0_m.distcp", layout), data
+
+
+def _file_crc(path: Path) -> str:
+    return f"{google_crc32c.value(path.read_bytes()):08x}"
+
+
+def test_a_file_checksummed_as_it_fills_has_the_checksum_of_its_bytes(tmp_path: Path) -> None:
+    ff, data = _three_slots(tmp_path)
+    views = ff.tensors()
+    for i, (view, t) in enumerate(zip(views, data, strict=True)):
+        assert view is not None
+        flat, src = view.view(-1), t.view(-1)
+        half = src.numel() // 2
+        flat[:half].copy_(src[:half])
+        ff.filled(i, half * t.element_size())  # part of a slot: the mark moves into it
+        flat[half:].copy_(src[half:])
+        ff.filled(i)
+    ff.filled()
+    assert ff._checksum is not None, "the checksum ran beside the copy (native library found)"
+    assert ff.crc32c() == _file_crc(ff.path)
+    ff.release()
+
+
+def test_a_fill_that_stopped_short_is_checksummed_from_the_file(tmp_path: Path) -> None:
+    ff, data = _three_slots(tmp_path)
+    views = ff.tensors()
+    for view, t in zip(views, data, strict=True):
+        assert view is not None
+        view.copy_(t)
+    ff.filled(0)  # the mark stops after the first slot: the thread's value is not the file's
+    assert ff.crc32c() == _file_crc(ff.path)
+    ff.release()
+
+
+def test_a_file_let_go_mid_fill_stops_its_checksum_thread(tmp_path: Path) -> None:
+    ff, _ = _three_slots(tmp_path)
+    ff.filled(0)
+    checksum = ff._checksum
+    assert checksum is not None
+    ff.release()
+    checksum._thread.join(30)
+    assert not checksum._thread.is_alive()
+
+
+def test_a_large_tensor_is_staged_in_pieces_and_its_step_s_checksum_holds(tmp_path: Path) -> None:
+    """A tensor over the stager's piece (4 MiB) is copied piece by piece, the checksum's
+    mark moving after each; the committed file's manifest entry is its bytes' checksum."""
+    mem = tmp_path / "shm"
+
+    def state(seed: float) -> dict[str, Any]:
+        return {"big": torch.full((3_000_000,), seed), "small": torch.arange(10.0) + seed}
+
+    with Checkpointer(
+        dir=tmp_path / "durable", memory=mem, every=1, agent=False, keep={"memory": 1}
+    ) as ck:
+        ck.save(1, state(1.0))
+        assert ck.wait(30)
+        wait_framed(mem)
+        ck.save(2, state(2.0))
+        assert ck.wait(30)
+        f = memory_step(mem, 2) / "__0_m.distcp"
+        assert f.exists(), "step 2 was staged into the prepared file"
+        assert_in_manifest(f)
+        assert ck.close(30, release_memory=False)
+    back = state(0.0)
+    load_from_memory(tmp_path, mem, back, 2)
+    _assert_same(back, state(2.0))

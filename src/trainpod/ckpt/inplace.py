@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import mmap
 import os
 import threading
@@ -41,9 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import google_crc32c
 import psutil
 
+from trainpod.ckpt.crc import extend_buffer, native
 from trainpod.ckpt.framing import Framing, framing
 
 if TYPE_CHECKING:
@@ -54,7 +55,6 @@ ALIGN = 64
 ``torch.save`` aligns to 64 bytes inside the zip, then lies aligned for any dtype (the
 mapping starts on a page). Not a page each: a model of many small tensors would double
 their bytes."""
-_CRC_PIECE = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,7 @@ class FramedFile:
         self._mm = mm
         self._views: list[torch.Tensor | None] | None = None
         self._by_ptr: dict[int, Slot] = {}
+        self._checksum: _Checksum | None = None
 
     @classmethod
     def create(cls, path: Path, layout: Layout) -> FramedFile:
@@ -187,17 +188,31 @@ class FramedFile:
         os.rename(self.path, path)
         self.path = path
 
+    def filled(self, index: int | None = None, nbytes: int | None = None) -> None:
+        """Slots up to ``index`` of the layout hold their data (None: all of them; with
+        ``nbytes``, the slot ``index`` only its first ``nbytes``): the file is final up to
+        there. The first call starts checksumming the file on a
+        thread of its own, following the copy (hash while copying), where the checksum
+        runs without the GIL (:func:`~trainpod.ckpt.crc.native`); else :meth:`crc32c` reads
+        the file when asked."""
+        if self._mm is None or not native():
+            return
+        if self._checksum is None:
+            self._checksum = _Checksum(self._mm, self.layout.size)
+        end = self.layout.size
+        slot = None if index is None else self.layout.slots[index]
+        if slot is not None and nbytes is not None:
+            end = slot.data_offset + nbytes  # the first ``nbytes`` of its data
+        elif index is not None:
+            end = next((s.offset for s in self.layout.slots[index + 1 :] if s is not None), end)
+        self._checksum.advance(end)
+
     def crc32c(self) -> str:
-        """The whole file's CRC-32C in hex, read from the mapping."""
-        crc = 0
-        if self._mm is None:
-            return f"{crc:08x}"
-        view = memoryview(self._mm)
-        try:
-            for at in range(0, self.layout.size, _CRC_PIECE):
-                crc = google_crc32c.extend(crc, bytes(view[at : at + _CRC_PIECE]))
-        finally:
-            view.release()
+        """The whole file's CRC-32C in hex: the one :meth:`filled` had computed while the
+        file was filled, else read from the mapping where it lies now."""
+        crc = None if self._checksum is None else self._checksum.result()
+        if crc is None:
+            crc = 0 if self._mm is None else extend_buffer(0, self._mm, 0, self.layout.size)
         return f"{crc:08x}"
 
     def release(self) -> None:
@@ -205,6 +220,58 @@ class FramedFile:
         (a tensor keeps its buffer alive)."""
         self._views = None
         self._by_ptr = {}
+        if self._checksum is not None:
+            self._checksum.cancel()
+
+
+class _Checksum:
+    """A file's CRC-32C, computed on a thread that follows a mark: the bytes before it are
+    final (the stall's copy has passed them). The thread reads the mapping without the GIL
+    (:mod:`~trainpod.ckpt.crc`) on the core the training thread's copy leaves."""
+
+    def __init__(self, mm: mmap.mmap, size: int) -> None:
+        self._mm, self._size = mm, size
+        self._cond = threading.Condition()
+        self._mark = 0
+        self._cancelled = False
+        self._crc: int | None = None
+        self._thread = threading.Thread(target=self._run, name="tp-ckpt-crc", daemon=True)
+        self._thread.start()
+
+    def advance(self, upto: int) -> None:
+        with self._cond:
+            self._mark = max(self._mark, min(upto, self._size))
+            self._cond.notify_all()
+
+    def cancel(self) -> None:
+        with self._cond:
+            self._cancelled = True
+            self._cond.notify_all()
+
+    def result(self) -> int | None:
+        """The CRC of the whole file, once the mark has reached its end; None if it was
+        cancelled first (or never will: :meth:`advance` did not reach the end)."""
+        with self._cond:
+            if self._mark < self._size:
+                self._cancelled = True
+                self._cond.notify_all()
+        self._thread.join()
+        return self._crc
+
+    def _moved(self, at: int) -> bool:
+        return self._cancelled or self._mark > at
+
+    def _run(self) -> None:
+        crc, at = 0, 0
+        while at < self._size:
+            with self._cond:
+                self._cond.wait_for(functools.partial(self._moved, at))
+                if self._cancelled:
+                    return
+                upto = self._mark
+            crc = extend_buffer(crc, self._mm, at, upto)
+            at = upto
+        self._crc = crc
 
 
 _WRITER: type[Any] | None = None
