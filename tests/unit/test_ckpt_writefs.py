@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +174,54 @@ def test_the_zip_crc_is_off_only_inside_and_what_was_saved_loads() -> None:
     assert crcs["0"] == 0, crcs  # the tensor's bytes: no zip CRC computed
     buf.seek(0)
     assert torch.equal(torch.load(buf), torch.arange(1000.0))
+
+
+def test_the_preparer_runs_first_before_it_allocates_on_its_own_thread(tmp_path: Path) -> None:
+    p = Preparer()
+    seen: list[tuple[str, int, bool]] = []
+    f = tmp_path / PREPARED / "__0_0.distcp"
+    p.request(
+        tmp_path / PREPARED,
+        {f.name: 4096},
+        then=lambda: seen.append(("then", threading.get_ident(), f.exists())),
+        first=lambda: seen.append(("first", threading.get_ident(), f.exists())),
+    )
+    assert p.settle(30)
+    assert p.wait_idle(30)
+    p.close()
+    assert [(what, made) for what, _, made in seen] == [("first", False), ("then", True)]
+    assert {ident for _, ident, _ in seen} == {p._thread.ident if p._thread else None}
+    assert threading.get_ident() not in {ident for _, ident, _ in seen}
+
+
+def test_a_request_replaced_before_it_starts_still_runs_its_first(tmp_path: Path) -> None:
+    """The newest request wins, but the housekeeping of one it replaced is not lost: it
+    runs on the caller's thread; so does one asked of a closed preparer."""
+    p = Preparer()
+    busy, go = threading.Event(), threading.Event()
+    ran: dict[str, int] = {}
+
+    def note(name: str) -> Callable[[], object]:
+        return lambda: ran.setdefault(name, threading.get_ident())
+
+    def block() -> None:
+        busy.set()
+        go.wait(30)
+
+    p.request(tmp_path / PREPARED, {}, first=block)
+    assert busy.wait(30)  # the thread is in the first request's housekeeping
+    p.request(tmp_path / PREPARED, {}, first=note("second"))  # waits
+    assert "second" not in ran
+    p.request(tmp_path / PREPARED, {}, first=note("third"))  # replaces the second
+    assert ran["second"] == threading.get_ident(), "the replaced one ran here, at once"
+    assert not p.settle(0.0), "the first and third have not run yet"
+    go.set()
+    assert p.settle(30)
+    assert ran["third"] != threading.get_ident()
+    p.close()
+    p.request(tmp_path / PREPARED, {}, first=note("after close"))
+    assert ran["after close"] == threading.get_ident()
+    assert p.settle(0.0)
 
 
 def test_the_preparer_allocates_at_the_lowest_priority_and_stops_on_close(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from trainpod.ckpt.coll import Coll
 from trainpod.ckpt.handoff import AgentPersistence, PersistStatus
-from trainpod.ckpt.inplace import FramedSource, framed_name
+from trainpod.ckpt.inplace import FramedFile, FramedSource, framed_name
 from trainpod.ckpt.interval import Costs
 from trainpod.ckpt.manifest import (
     MANIFEST,
@@ -50,6 +50,19 @@ from trainpod.ckpt.tiers import FsTier, Meter, Tier
 from trainpod.ckpt.writefs import PREPARED, Preparer
 
 log = logging.getLogger(__name__)
+
+
+def _let_go(framed: FramedFile | None) -> None:
+    """Drop a snapshot's framed file: it is in the step's directory (the step's now), or it
+    was not used and goes."""
+    if framed is None:
+        return
+    framed.release()
+    if framed.path.parent.name == PREPARED:
+        try:
+            framed.path.unlink()
+        except OSError:
+            pass
 
 
 class Pipeline:
@@ -150,8 +163,8 @@ class Pipeline:
         self._q.put(snap)
 
     def wait(self, timeout_s: float | None = None, *, local_only: bool = False) -> bool:
-        """Block until every submitted snapshot is committed locally and (unless
-        ``local_only``) copied to every tier it will reach. False on timeout."""
+        """Block until every submitted snapshot is committed locally (its tier pruned) and
+        (unless ``local_only``) copied to every tier it will reach. False on timeout."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
             while not self._idle_locked(local_only):
@@ -160,6 +173,9 @@ class Pipeline:
                     return False
                 self._cond.wait(left if left is not None else 1.0)
             latest = self._latest_local
+        # the last commit's pruning, on the preparer's thread (_after_commit)
+        if not self.preparer.settle(None if deadline is None else deadline - time.monotonic()):
+            return False
         if local_only or self.agent is None or latest is None:
             return True
         return self._wait_agent(self.agent, latest, deadline)
@@ -326,6 +342,7 @@ class Pipeline:
                     )
                 self.staging_free.set()
             finally:
+                snap.staged = {}
                 self._drop_framed(snap)  # unless the write took it (or failed with it)
                 with self._cond:
                     self._inflight -= 1
@@ -362,8 +379,10 @@ class Pipeline:
         tier = placed.tier
         d = Path(tier.step_dir(step))
         err = placed.error
-        snap.staged = {}
-        self._drop_framed(snap)
+        if snap.framed is None:
+            snap.staged = {}
+        # else the snapshot's views of its framed file stay until the step is committed
+        # (_write_loop drops them): unmapping 1.2 GB took 0.1 s, before the commit (measured)
         self._learn(placed)
         self.staging_free.set()
         self._tier_full(step, placed)  # may ask the agent: after the staging is free
@@ -438,39 +457,58 @@ class Pipeline:
             protect = set(self._pinned)
             self._cond.notify_all()
         self._committed_event(tier, step, written=True)
-        if ctx.leader:
-            try:
-                tier.prune(tier.keep, protect | {step})
-            except OSError as exc:
-                log.warning("rank %d: pruning %s: %s", ctx.rank, tier.name, exc)
-        self._prepare(tier, mine)
+        self._after_commit(tier, protect | {step}, snap, mine)
 
-    def _prepare(self, tier: FsTier, mine: list[FileEntry]) -> None:
+    def _after_commit(
+        self, tier: FsTier, protect: set[int], snap: Snapshot, mine: list[FileEntry]
+    ) -> None:
+        """Prune the tier (the leader) and let the snapshot's framed file go, then prepare
+        the next step's files: all on the preparer's thread, at its low priority, when it
+        prepares; else here. Freeing the last step's pages (unlinking it: 0.15-0.2 s for
+        1.2 GB) and unmapping the snapshot (0.1 s) took the CPU at the training loop's
+        priority (measured). The tier's methods hold no state between calls: a prune there
+        beside the next save's write here touches other steps (it leaves steps newer than
+        the newest committed one alone)."""
+        staged, framed = snap.staged, snap.framed
+        snap.staged, snap.framed = {}, None
+        leader, rank = self.ctx.leader, self.ctx.rank
+
+        def housekeeping() -> None:
+            nonlocal staged, framed
+            if leader:
+                try:
+                    tier.prune(tier.keep, protect)
+                except OSError as exc:
+                    log.warning("rank %d: pruning %s: %s", rank, tier.name, exc)
+            staged = {}
+            _let_go(framed)
+            framed = None
+
+        if not self._prepare(tier, mine, housekeeping):
+            housekeeping()
+
+    def _prepare(
+        self, tier: FsTier, mine: list[FileEntry], first: Callable[[], object] | None = None
+    ) -> bool:
         """Allocate this rank's files for the next step in the tier just written (if it
         preallocates: :mod:`trainpod.ckpt.writefs`), and the framed file the next save is
-        to stage into (:mod:`trainpod.ckpt.inplace`), unless a snapshot already waits."""
+        to stage into (:mod:`trainpod.ckpt.inplace`), unless a snapshot already waits;
+        ``first`` before them. False when nothing was asked of the preparer."""
         prepared = tier.prepared_dir()
         if prepared is None or not self._q.empty():
-            return
+            return False
         source = self.framed if tier is self.primary else None
         then = source.make if source is not None and source.wanted() else None
         skip = framed_name(self.ctx.rank)
         sizes = {e.name: e.size for e in mine if e.name != skip}
-        self.preparer.request(prepared, sizes, then)
+        self.preparer.request(prepared, sizes, then, first)
+        return True
 
     @staticmethod
     def _drop_framed(snap: Snapshot) -> None:
-        """The writer is done with the snapshot's framed file: it is in the step's directory
-        (the step's now), or it was not used and goes."""
+        """The writer is done with the snapshot's framed file."""
         framed, snap.framed = snap.framed, None
-        if framed is None:
-            return
-        framed.release()
-        if framed.path.parent.name == PREPARED:
-            try:
-                framed.path.unlink()
-            except OSError:
-                pass
+        _let_go(framed)
 
     def _learn(self, placed: Placed) -> None:
         """Staging into files stops for good when DCP leaves some of this rank's tensors to

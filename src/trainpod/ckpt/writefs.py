@@ -27,6 +27,7 @@ committed step files, never these), so nothing that reads a step can see it rewr
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -191,6 +192,10 @@ def tier_filesystem(prepared: Path | None) -> _Written:
     return fs
 
 
+_Job = tuple[Path, dict[str, int], "Callable[[], object] | None", "Callable[[], object] | None"]
+"""(prepared directory, sizes, then, first): see :meth:`Preparer.request`."""
+
+
 class Preparer:
     """Runs :func:`prepare` on a thread of its own at the lowest CPU priority (nice 19 for
     this thread alone: Linux keeps a nice value per thread), so that the allocation takes
@@ -201,9 +206,11 @@ class Preparer:
     def __init__(self, nice: int = 19) -> None:
         self.nice = nice
         self._cond = threading.Condition()
-        self._job: tuple[Path, dict[str, int], Callable[[], object] | None] | None = None
+        self._job: _Job | None = None
         self._busy = False
         self._stop = False
+        self._firsts = 0
+        """``first`` callables asked for and not yet run to their end (:meth:`settle`)."""
         self._thread: threading.Thread | None = None
 
     def request(
@@ -211,19 +218,47 @@ class Preparer:
         prepared: Path,
         sizes: Mapping[str, int],
         then: Callable[[], object] | None = None,
+        first: Callable[[], object] | None = None,
     ) -> None:
-        """Allocate ``sizes`` in ``prepared``, then run ``then`` (the framed file of
-        :mod:`trainpod.ckpt.inplace`) on the same thread."""
+        """Run ``first`` (the writer's housekeeping after a commit: pruning, unmapping), then
+        allocate ``sizes`` in ``prepared``, then run ``then`` (the framed file of
+        :mod:`trainpod.ckpt.inplace`), all on this thread. A newer request replaces one not
+        started, and a closed preparer takes none: ``first`` runs on the caller's thread then,
+        so that none is lost."""
         with self._cond:
-            if self._stop:
-                return
-            self._job = (prepared, dict(sizes), then)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="tp-ckpt-prepare", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify_all()
+            if first is not None:
+                self._firsts += 1
+                first = functools.partial(self._run_first, first)
+            stopped = self._stop
+            replaced: _Job | None
+            if stopped:
+                replaced = (prepared, {}, None, first)
+            else:
+                replaced, self._job = self._job, (prepared, dict(sizes), then, first)
+            if not stopped:
+                self._start_locked()
+                self._cond.notify_all()
+        if replaced is not None and replaced[3] is not None:
+            replaced[3]()
+
+    def _run_first(self, first: Callable[[], object]) -> None:
+        try:
+            first()
+        finally:
+            with self._cond:
+                self._firsts -= 1
+                self._cond.notify_all()
+
+    def settle(self, timeout_s: float | None) -> bool:
+        """True once every ``first`` asked for has run (the writer's housekeeping after a
+        commit: what :meth:`Pipeline.wait` promises includes it); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._firsts == 0, timeout_s)
+
+    def _start_locked(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tp-ckpt-prepare", daemon=True)
+            self._thread.start()
 
     def wait_idle(self, timeout_s: float) -> bool:
         """True once nothing is requested or being allocated (tests)."""
@@ -234,9 +269,11 @@ class Preparer:
         """No more allocations; wait for the one under way."""
         with self._cond:
             self._stop = True
-            self._job = None
+            job, self._job = self._job, None
             self._cond.notify_all()
             thread = self._thread
+        if job is not None and job[3] is not None:
+            job[3]()
         if thread is not None:
             thread.join(timeout_s)
 
@@ -251,9 +288,11 @@ class Preparer:
                 if self._stop:
                     return
                 assert self._job is not None
-                (prepared, sizes, then), self._job = self._job, None
+                (prepared, sizes, then, first), self._job = self._job, None
                 self._busy = True
             try:
+                if first is not None:
+                    first()
                 prepare(prepared, sizes)
                 if then is not None:
                     then()
