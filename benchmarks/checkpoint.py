@@ -6,6 +6,9 @@ Methods, interleaved run by run so that all see the same machine and disk:
   the raw memory copy, the least any snapshot can stall;
 * ``raw write (floor)``: every tensor's bytes written to one file in ``--dir``, then fsync:
   the least a durable copy of the same bytes to the same disk can take;
+* ``raw write O_DIRECT (floor)``: the same bytes, from page-aligned memory, written with
+  ``O_DIRECT`` (no page cache), then fsync: how the persister copies (ADR 0054); shown
+  beside the buffered floor, which the target is set against;
 * ``torch.save``: to one file, then fsync (stall = time-to-durable);
 * ``dcp.save``: ``torch.distributed.checkpoint.save`` with ``FileSystemWriter`` (fsync on);
 * ``dcp.async_save``: default (thread executor, a fresh CPU copy per call);
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import platform
 import shutil
@@ -155,6 +159,15 @@ class Bench:
         self.state, self.root, self.trainer = state, root, trainer
         self.floor_buf = {k: torch.empty_like(v) for k, v in state.items() if torch.is_tensor(v)}
         self.stager = DefaultStager(StagingOptions(False, False, False, False))
+        # The state's bytes in page-aligned memory, whole blocks (the O_DIRECT floor's source)
+        size = nbytes(state)
+        self.aligned = mmap.mmap(-1, -(-size // 4096) * 4096)
+        at = 0
+        for v in state.values():
+            if torch.is_tensor(v):
+                b = v.numpy().tobytes()
+                self.aligned[at : at + len(b)] = b
+                at += len(b)
         self.ck = self._checkpointer("trainpod-durable", agent=False)
         # The node agent's side, as in a trainpod job: a hand-off socket and a persister
         # process per job (see trainpod.agent.persisters).
@@ -216,6 +229,26 @@ class Bench:
                     f.write(memoryview(v.numpy()).cast("B"))
             f.flush()
             os.fsync(f.fileno())
+        dt = time.perf_counter() - t0
+        return {"stall_s": dt, "durable_s": dt}
+
+    def raw_write_direct(self) -> Sample:
+        """The same bytes written with O_DIRECT from page-aligned memory, then fsync: what the
+        persister's copy from the memory tier does (ADR 0054). Not the target's floor (that
+        is the buffered write); shown beside it."""
+        d = self.fresh("raw-write-direct")
+        d.mkdir()
+        view = memoryview(self.aligned)
+        t0 = time.perf_counter()
+        fd = os.open(d / "state.bin", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+        try:
+            done = 0
+            while done < len(view):
+                done += os.write(fd, view[done : done + (64 << 20)])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            view.release()
         dt = time.perf_counter() - t0
         return {"stall_s": dt, "durable_s": dt}
 
@@ -347,6 +380,7 @@ def main() -> None:
     methods: dict[str, Callable[[], Sample]] = {
         "memcpy (floor)": bench.memcpy,
         "raw write (floor)": bench.raw_write,
+        "raw write O_DIRECT (floor)": bench.raw_write_direct,
         "torch.save": bench.torch_save,
         "dcp.save": bench.dcp_save,
         "dcp.async_save": bench.async_save,
@@ -499,6 +533,13 @@ def report(
     for line, key, ok in targets(med, samples):
         verdict[key] = ok
         print(f"{'PASS' if ok else 'FAIL'} {line}")
+    direct = med.get("raw write O_DIRECT (floor)", {}).get("durable_s")
+    durable = med.get("trainpod", {}).get("durable_s")
+    if durable is not None and direct is not None:
+        print(
+            f"INFO durable copy {durable:.2f} s = {durable / direct:.2f}x a raw O_DIRECT write"
+            f" of its bytes ({direct:.2f} s), the persister's way (not the target's floor)"
+        )
     print(f"load average during the run: {min(load):.1f}..{max(load):.1f} on {os.cpu_count()} CPUs")
     out = {
         "benchmark": "checkpoint",
