@@ -320,7 +320,7 @@ class Bench:
         in_place = (manifests[0][1].parent / framed_name(0)).exists()
         idle = (idle + self.trainer.rate(1.0)) / 2  # before and after: the machine may be shared
         (tm, nm), (td, nd) = seen["memory"], seen["durable"]
-        out = {"stall_s": stall, "bg_rate": n / (td - t0) / idle, "durable_s": td - t0}
+        out = {"stall_s": stall, "bg_rate": nd / (td - t0) / idle, "durable_s": td - t0}
         out["persist_rate"] = (nd - nm) / (td - tm) / idle if td > tm else float("nan")
         out["in_place"] = float(in_place)
         for name, (t, _) in seen.items():
