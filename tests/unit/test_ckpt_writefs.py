@@ -224,6 +224,34 @@ def test_a_request_replaced_before_it_starts_still_runs_its_first(tmp_path: Path
     assert p.settle(0.0)
 
 
+def test_a_closed_preparer_runs_the_first_it_had_not_started_on_its_thread(
+    tmp_path: Path,
+) -> None:
+    """close() does not run it on the caller's thread (an in-process recovery closes the
+    preparer on the training thread) nor allocate the files of that request."""
+    p = Preparer()
+    busy, go = threading.Event(), threading.Event()
+    ran: dict[str, int] = {}
+
+    def block() -> None:
+        busy.set()
+        go.wait(30)
+
+    p.request(tmp_path / PREPARED, {}, first=block)
+    assert busy.wait(30)
+    p.request(
+        tmp_path / PREPARED,
+        {"__0_0.distcp": 4096},
+        first=lambda: ran.setdefault("pending", threading.get_ident()),
+    )
+    p.close(0)  # returns at once
+    assert "pending" not in ran
+    go.set()
+    assert p.settle(30)
+    assert ran["pending"] not in (None, threading.get_ident())
+    assert not (tmp_path / PREPARED / "__0_0.distcp").exists(), "nothing allocated after close"
+
+
 def test_the_preparer_allocates_at_the_lowest_priority_and_stops_on_close(tmp_path: Path) -> None:
     p = Preparer()
     p.request(tmp_path / PREPARED, {"__0_0.distcp": 4096})

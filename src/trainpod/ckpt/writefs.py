@@ -241,6 +241,16 @@ class Preparer:
         if replaced is not None and replaced[3] is not None:
             replaced[3]()
 
+    def _finish_first(self, first: Callable[[], object]) -> None:
+        """Run a pending ``first`` after close, outside the lock."""
+        self._cond.release()
+        try:
+            first()
+        except Exception:
+            log.exception("the checkpoint preparer's housekeeping")
+        finally:
+            self._cond.acquire()
+
     def _run_first(self, first: Callable[[], object]) -> None:
         try:
             first()
@@ -266,14 +276,13 @@ class Preparer:
             return self._cond.wait_for(lambda: self._job is None and not self._busy, timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """No more allocations; wait for the one under way."""
+        """No more allocations; wait (up to ``timeout_s``) for the one under way and for the
+        thread to run the ``first`` of a request it had not started (not on this thread:
+        an in-process recovery closes the preparer on the training thread)."""
         with self._cond:
             self._stop = True
-            job, self._job = self._job, None
             self._cond.notify_all()
             thread = self._thread
-        if job is not None and job[3] is not None:
-            job[3]()
         if thread is not None:
             thread.join(timeout_s)
 
@@ -285,14 +294,20 @@ class Preparer:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._stop or self._job is not None)
+                job, self._job = self._job, None
                 if self._stop:
+                    if job is not None and job[3] is not None:
+                        self._finish_first(job[3])
                     return
-                assert self._job is not None
-                (prepared, sizes, then, first), self._job = self._job, None
+                assert job is not None
+                prepared, sizes, then, first = job
                 self._busy = True
             try:
                 if first is not None:
                     first()
+                with self._cond:
+                    if self._stop:  # closed meanwhile: nothing more is allocated
+                        continue
                 prepare(prepared, sizes)
                 if then is not None:
                     then()
