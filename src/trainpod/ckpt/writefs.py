@@ -225,31 +225,24 @@ class Preparer:
         :mod:`trainpod.ckpt.inplace`), all on this thread. A newer request replaces one not
         started, and a closed preparer takes none: ``first`` runs on the caller's thread then,
         so that none is lost."""
+        here: Callable[[], object] | None
         with self._cond:
             if first is not None:
                 self._firsts += 1
                 first = functools.partial(self._run_first, first)
-            stopped = self._stop
-            replaced: _Job | None
-            if stopped:
-                replaced = (prepared, {}, None, first)
+            if self._stop:
+                here = first
             else:
-                replaced, self._job = self._job, (prepared, dict(sizes), then, first)
-            if not stopped:
-                self._start_locked()
+                old, self._job = self._job, (prepared, dict(sizes), then, first)
+                here = None if old is None else old[3]
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="tp-ckpt-prepare", daemon=True
+                    )
+                    self._thread.start()
                 self._cond.notify_all()
-        if replaced is not None and replaced[3] is not None:
-            replaced[3]()
-
-    def _finish_first(self, first: Callable[[], object]) -> None:
-        """Run a pending ``first`` after close, outside the lock."""
-        self._cond.release()
-        try:
-            first()
-        except Exception:
-            log.exception("the checkpoint preparer's housekeeping")
-        finally:
-            self._cond.acquire()
+        if here is not None:
+            here()
 
     def _run_first(self, first: Callable[[], object]) -> None:
         try:
@@ -264,11 +257,6 @@ class Preparer:
         commit: what :meth:`Pipeline.wait` promises includes it); False on timeout."""
         with self._cond:
             return self._cond.wait_for(lambda: self._firsts == 0, timeout_s)
-
-    def _start_locked(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="tp-ckpt-prepare", daemon=True)
-            self._thread.start()
 
     def wait_idle(self, timeout_s: float) -> bool:
         """True once nothing is requested or being allocated (tests)."""
@@ -295,13 +283,17 @@ class Preparer:
             with self._cond:
                 self._cond.wait_for(lambda: self._stop or self._job is not None)
                 job, self._job = self._job, None
-                if self._stop:
-                    if job is not None and job[3] is not None:
-                        self._finish_first(job[3])
-                    return
-                assert job is not None
-                prepared, sizes, then, first = job
-                self._busy = True
+                stop = self._stop
+                self._busy = not stop
+            if stop:  # closed: only the housekeeping of a request not started yet
+                if job is not None and job[3] is not None:
+                    try:
+                        job[3]()
+                    except Exception:
+                        log.exception("the checkpoint preparer's housekeeping")
+                return
+            assert job is not None
+            prepared, sizes, then, first = job
             try:
                 if first is not None:
                     first()
