@@ -98,6 +98,17 @@ class Layout:
             at += -(-f.size // ALIGN) * ALIGN
         return cls(tuple(slots), at)
 
+    @functools.cached_property
+    def ends(self) -> tuple[int, ...]:
+        """Per slot, where the bytes it makes final end: the next slot's start (its padding
+        and the tail of its framing included), or the file's end."""
+        out, end = [], self.size
+        for slot in reversed(self.slots):
+            out.append(end)
+            if slot is not None:
+                end = slot.offset
+        return tuple(reversed(out))
+
     @property
     def nbytes(self) -> int:
         """The tensors' data in the file."""
@@ -199,12 +210,11 @@ class FramedFile:
             return
         if self._checksum is None:
             self._checksum = _Checksum(self._mm, self.layout.size)
-        end = self.layout.size
         slot = None if index is None else self.layout.slots[index]
         if slot is not None and nbytes is not None:
             end = slot.data_offset + nbytes  # the first ``nbytes`` of its data
-        elif index is not None:
-            end = next((s.offset for s in self.layout.slots[index + 1 :] if s is not None), end)
+        else:
+            end = self.layout.size if index is None else self.layout.ends[index]
         self._checksum.advance(end)
 
     def crc32c(self) -> str:
