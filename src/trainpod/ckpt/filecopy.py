@@ -63,11 +63,11 @@ def copy_file(
 
 def _open_direct(dst: Path) -> int | None:
     """``dst`` opened for writing with ``O_DIRECT``; None where its file system refuses it."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0)
-    if flags == os.O_WRONLY | os.O_CREAT | os.O_TRUNC:
-        return None  # no O_DIRECT on this platform
+    direct = getattr(os, "O_DIRECT", 0)
+    if not direct:  # not on this platform
+        return None
     try:
-        return os.open(dst, flags, 0o666)  # as open(): the umask decides
+        return os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o666)  # umask
     except OSError as exc:
         if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
             return None
