@@ -21,9 +21,11 @@ read of it fail (``EFAULT``), an ``OSError`` like any other, not a ``SIGBUS``.
 from __future__ import annotations
 
 import errno
+import fcntl
 import mmap
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterable
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -130,3 +132,19 @@ def _sendfile(src: Path, dst: Path, size: int, add: Callable[[int], None], *, sy
             add(n)
         if sync:
             os.fsync(fout.fileno())
+
+
+@contextmanager
+def read_locked(paths: Iterable[Path]) -> Generator[None, None, None]:
+    """Hold a shared ``flock`` on each of ``paths`` while reading them by name (no hard link
+    of one's own): a memory tier's framed file is used again for a later step once its
+    step left the tier (ADR 0055), and the writer takes it only when it can lock it
+    exclusively. A path that no longer names the file it had when opened (it was moved
+    away to be used again) is FileNotFoundError, as a pruned one is."""
+    with ExitStack() as stack:
+        for path in paths:
+            f = stack.enter_context(path.open("rb"))
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+            if os.stat(path).st_ino != os.fstat(f.fileno()).st_ino:
+                raise FileNotFoundError(errno.ENOENT, "moved away while opened", str(path))
+        yield

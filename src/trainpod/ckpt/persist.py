@@ -56,11 +56,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from trainpod.ckpt.errors import CheckpointError, ManifestError
+from trainpod.ckpt.filecopy import read_locked
 from trainpod.ckpt.fullness import same_device
 from trainpod.ckpt.handoff import PersistStatus, TierConfig, build_tiers
 from trainpod.ckpt.manifest import MANIFEST, Manifest
@@ -408,11 +410,15 @@ class Persister:
         if primary is not tiers[0]:  # the worker committed it there itself
             with self._cond:
                 self._committed[primary.name] = _max(self._committed.get(primary.name), step)
+        reading = ExitStack()
         try:
             m = Manifest.from_json((src / MANIFEST).read_bytes())
             with self._cond:
                 self._solo = parts_needed(m) <= {self.node}
-            staged = self._stage(src, step, [*(f.name for f in m.files_of(self.node)), MANIFEST])
+            names = [f.name for f in m.files_of(self.node)]
+            staged = self._stage(src, step, [*names, MANIFEST])
+            if staged == src:  # read in place, by name: held against being written over
+                reading.enter_context(read_locked(src / n for n in names))
         except (OSError, ManifestError) as exc:
             self._gone(req, todo, f"step {step} is not in {primary.name}: {exc}")
             self._end_node(req, node)
@@ -425,7 +431,9 @@ class Persister:
             if (done is not None and done >= step) or self._skipped.get(tier.name) == step:
                 continue
             pending.append(tier)
-        for result in self._copy_lanes(req, m, staged, pending):
+        with reading:
+            results = self._copy_lanes(req, m, staged, pending)
+        for result in results:
             if result == "retry":
                 outcome = "retry"
             elif result == "waiting" and outcome == "done":

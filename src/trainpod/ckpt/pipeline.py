@@ -21,6 +21,7 @@ all ranks stay in step. Public methods are thread-safe.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -31,7 +32,7 @@ from typing import Any
 
 from trainpod.ckpt.coll import Coll
 from trainpod.ckpt.handoff import AgentPersistence, PersistStatus
-from trainpod.ckpt.inplace import FramedFile, FramedSource, framed_name
+from trainpod.ckpt.inplace import FramedFile, FramedSource, framed_name, salvage
 from trainpod.ckpt.interval import Costs
 from trainpod.ckpt.manifest import (
     MANIFEST,
@@ -472,16 +473,21 @@ class Pipeline:
         staged, framed = snap.staged, snap.framed
         snap.staged, snap.framed = {}, None
         leader, rank = self.ctx.leader, self.ctx.rank
+        salvage = self._salvage(tier)
+        source = self.framed if salvage is not None else None
 
         def housekeeping() -> None:
             nonlocal staged, framed
             if leader:
                 try:
-                    tier.prune(tier.keep, protect)
+                    tier.prune(tier.keep, protect, salvage)
                 except OSError as exc:
                     log.warning("rank %d: pruning %s: %s", rank, tier.name, exc)
             staged = {}
-            _let_go(framed)
+            if source is not None and framed is not None and framed.path.parent.name != PREPARED:
+                source.retire(framed, tier.keep + 1)  # in its step now: mapped till salvaged
+            else:
+                _let_go(framed)
             framed = None
 
         if not self._prepare(tier, mine, housekeeping):
@@ -503,6 +509,15 @@ class Pipeline:
         sizes = {e.name: e.size for e in mine if e.name != skip}
         self.preparer.request(prepared, sizes, then, first)
         return True
+
+    def _salvage(self, tier: FsTier) -> Callable[[Path], object] | None:
+        """What a prune of ``tier`` does with a leaving step's framed files: moves them into
+        ``.prepared`` to be written over by the next saves (ADR 0055), when its ranks
+        stage into files there."""
+        prepared = tier.prepared_dir()
+        if tier is not self.primary or self.framed is None or prepared is None:
+            return None
+        return functools.partial(salvage, prepared=prepared)
 
     @staticmethod
     def _drop_framed(snap: Snapshot) -> None:
@@ -700,6 +715,6 @@ class Pipeline:
             self._cond.notify_all()
         if ctx.leader and not retry:  # the writer could not drop what this round was reading
             try:
-                self.primary.prune(self.primary.keep, protect)
+                self.primary.prune(self.primary.keep, protect, self._salvage(self.primary))
             except OSError as exc:
                 log.warning("rank %d: pruning %s: %s", ctx.rank, self.primary.name, exc)

@@ -257,7 +257,16 @@ class FsTier(Tier):
         elif self.fs.exists(d):
             self.fs.rm(d, recursive=True)
 
-    def prune(self, keep: int, protect: Iterable[int] = ()) -> None:
+    def prune(
+        self,
+        keep: int,
+        protect: Iterable[int] = (),
+        salvage: Callable[[Path], object] | None = None,
+    ) -> None:
+        """Discard the committed steps beyond the newest ``keep`` (and torn dirs older than
+        the newest commit), except ``protect``. ``salvage(step_dir)`` runs on each committed
+        step dir of a local tier before it is discarded: it may move files out of it to be
+        used again (:func:`~trainpod.ckpt.inplace.salvage`, ADR 0055)."""
         keep_set = set(protect)
         steps = self._steps(self.write_root())
         committed = sorted((s for s, ok in steps.items() if ok), reverse=True)
@@ -267,6 +276,8 @@ class FsTier(Tier):
             # Drop old committed copies, and torn dirs older than the newest commit (a torn
             # dir newer than it may be a save in flight).
             if s not in keep_set and (ok or (newest is not None and s < newest)):
+                if ok and salvage is not None and self.local:
+                    salvage(Path(self.step_dir(s)))
                 self.discard(s)
 
     # reading ----------------------------------------------------------------------------
