@@ -39,7 +39,8 @@ one thread).
 The state is a ~100M-parameter model (8 transformer blocks, d=1024) with its two Adam moments
 at fp32: ~1.2 GB. A world-1 Gloo process group is initialised (the PROCESS executor needs
 one). For the background methods it also times a stand-in training step (a matmul) while the
-save runs, to show the throughput dip. Medians of ``--runs`` runs after one warm-up round.
+save runs, to show the throughput dip. Medians of ``--runs`` runs after one warm-up round
+(two saves for the trainpod rows that stage into files: :data:`WARM_TWICE`).
 
 Run from the repository root::
 
@@ -88,6 +89,10 @@ TARGET_DURABLE_RATIO = 1.2
 """... the durable copy within 1.2x the raw write time of its bytes (from save()) ..."""
 TARGET_PERSIST_SLOWDOWN = 0.05
 """... and the training loop slowed by at most 5% while the copies run."""
+WARM_TWICE = ("trainpod", "trainpod in-process")
+"""Warmed up with two saves: the first is staged as before (no layout known yet), the second
+into a file allocated for it, and from the third on a save writes over the file of the step
+that left the memory tier (ADR 0055), as every save does in a long run."""
 
 
 def make_state(params_m: float) -> dict[str, Any]:
@@ -403,6 +408,9 @@ def main() -> None:
                 time.sleep(1.0)  # let the previous method's threads and the disk settle
                 try:
                     got = fn()
+                    if not run and name in WARM_TWICE:
+                        time.sleep(1.0)
+                        got = fn()
                 except Exception as exc:  # report a method that cannot run here, go on
                     errors[name] = f"{type(exc).__name__}: {exc}"[:300]
                     continue
