@@ -29,7 +29,9 @@ Methods, interleaved run by run so that all see the same machine and disk:
 * ``trainpod control``: no save, measured the same way (how noisy the machine is).
 
 For the trainpod rows, ``persist rate`` is the training rate from the memory-tier commit to
-the durable commit (what the copies cost the loop), over the idle rate; ``--methods
+the durable commit (what the copies cost the loop), over the idle rate, also shown apart by
+whether the training thread ran on the CPU that completed the disk's I/O (``on_disk_cpu``:
+the share of the window's steps it ended there; ADR 0055); ``--methods
 trainpod`` runs only them (and the memcpy floor). Run them with ``--train-threads 1``, as a
 trainpod rank runs (``OMP_NUM_THREADS=1``): a step whose threads occupy every core and meet
 at barriers (OpenMP) is stalled by *any* other runnable task, however low its priority (on
@@ -93,6 +95,33 @@ WARM_TWICE = ("trainpod", "trainpod in-process")
 """Warmed up with two saves: the first is staged as before (no layout known yet), the second
 into a file allocated for it, and from the third on a save writes over the file of the step
 that left the memory tier (ADR 0055), as every save does in a long run."""
+
+
+def cpu_now() -> int | None:
+    """The CPU this thread last ran on (``/proc/thread-self/stat``, field 39); None if unknown."""
+    try:
+        return int(Path("/proc/thread-self/stat").read_text().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def block_softirqs() -> list[int] | None:
+    """Block-layer completions handled so far, per CPU (``/proc/softirqs``); None if unknown."""
+    try:
+        for line in Path("/proc/softirqs").read_text().splitlines():
+            if line.strip().startswith("BLOCK:"):
+                return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def disk_cpu(before: list[int] | None, after: list[int] | None) -> int | None:
+    """The CPU that completed most of the disk's I/O between two :func:`block_softirqs`."""
+    if before is None or after is None or len(before) != len(after):
+        return None
+    delta = [b - a for a, b in zip(before, after, strict=True)]
+    return max(range(len(delta)), key=delta.__getitem__) if any(delta) else None
 
 
 def make_state(params_m: float) -> dict[str, Any]:
@@ -313,12 +342,16 @@ class Bench:
         stall = time.perf_counter() - t0
         seen: dict[str, tuple[float, int]] = {}
         n = 0
+        cpus: list[int | None] = []  # the CPU each step ended on
+        blocks: dict[str, list[int] | None] = {}
         while len(seen) < len(manifests):  # a stat per tier and step: nothing visible
             self.trainer.step()
             n += 1
+            cpus.append(cpu_now())
             for name, path in manifests:  # in any order: durable may come before scratch
                 if name not in seen and path.exists():
                     seen[name] = (time.perf_counter(), n)
+                    blocks[name] = block_softirqs()
         assert ck.wait(600)
         # Whether this save was staged into the memory tier's file (ADR 0053): from the
         # second save on, when the file for it was made in time.
@@ -328,6 +361,10 @@ class Bench:
         out = {"stall_s": stall, "bg_rate": nd / (td - t0) / idle, "durable_s": td - t0}
         out["persist_rate"] = (nd - nm) / (td - tm) / idle if td > tm else float("nan")
         out["in_place"] = float(in_place)
+        disk = disk_cpu(blocks.get("memory"), blocks.get("durable"))
+        window = cpus[nm:nd]
+        if disk is not None and window:
+            out["on_disk_cpu"] = sum(c == disk for c in window) / len(window)
         for name, (t, _) in seen.items():
             out[f"{name}_s"] = t - t0
         return out
@@ -425,6 +462,23 @@ def main() -> None:
     report(args, params, size, idle_rate, load, samples, errors)
 
 
+def by_placement(runs: list[Sample]) -> list[str]:
+    """The loop's rate while the copies ran, apart by where the training thread ran: on the
+    CPU that completed the disk's I/O (its interrupts and block softirqs) for most of the
+    window, or not."""
+    split: dict[bool, list[float]] = {True: [], False: []}
+    for r in runs:
+        if "on_disk_cpu" in r and "persist_rate" in r:
+            split[r["on_disk_cpu"] >= 0.5].append(r["persist_rate"])
+    return [
+        f"INFO loop while the copies ran, training thread {where} the CPU completing the "
+        f"disk's I/O: {statistics.median(rates):.1%} (runs {len(rates)}: "
+        f"{', '.join(f'{x:.1%}' for x in sorted(rates))})"
+        for on, where in ((True, "on"), (False, "off"))
+        if (rates := split[on])
+    ]
+
+
 def _median(runs: list[Sample], key: str) -> float | None:
     values = [r[key] for r in runs if key in r]
     return statistics.median(values) if values else None
@@ -512,7 +566,8 @@ def report(
     samples: dict[str, list[Sample]],
     errors: dict[str, str],
 ) -> None:
-    keys = ("stall_s", "durable_s", "bg_rate", "memory_s", "scratch_s", "persist_rate", "in_place")
+    keys = ["stall_s", "durable_s", "bg_rate", "memory_s", "scratch_s", "persist_rate"]
+    keys += ["in_place", "on_disk_cpu"]
     med = {n: {k: _median(runs, k) for k in keys} for n, runs in samples.items() if runs}
     floor = med["memcpy (floor)"]["stall_s"]
     assert floor is not None
@@ -541,6 +596,8 @@ def report(
     for line, key, ok in targets(med, samples):
         verdict[key] = ok
         print(f"{'PASS' if ok else 'FAIL'} {line}")
+    for line in by_placement(samples.get("trainpod", [])):
+        print(line)
     direct = med.get("raw write O_DIRECT (floor)", {}).get("durable_s")
     durable = med.get("trainpod", {}).get("durable_s")
     if durable is not None and direct is not None:

@@ -298,9 +298,12 @@ def _framed(rank: int, world: int, port: int, root: str, kind: str) -> None:
     """Three saves on two ranks of one node: each rank's own tensors (``sharded``, names of
     its own as a hand-sharded optimizer has), a DTensor sharded by rows (``dtensor``, as
     FSDP's state is), or the same tensors on both (``replicated``)."""
+    import trainpod.ckpt.pipeline
     from trainpod.ckpt import Checkpointer
     from trainpod.testing.wait import wait_until
 
+    # However slow the leader's low-priority prune on a busy machine, rank 1 waits for it
+    trainpod.ckpt.pipeline.SALVAGE_WAIT_S = 20.0
     os.environ.update(TRAINPOD_NODE="n0", TRAINPOD_NODES="n0")
     mesh = None
     if kind == "dtensor":
@@ -364,3 +367,47 @@ def test_replicated_tensors_turn_staging_into_files_off(tmp_path: Path) -> None:
         assert data < 64 * 64 * 4 * 2, data  # one copy of the state, not two
     for r, off in enumerate(offs):
         assert not (off and list((tmp_path / "shm").glob(f"*/*/.prepared/framed-{r}-*")))
+
+
+def _files_over_on_one_node(rank: int, world: int, port: int, root: str) -> None:
+    import trainpod.ckpt.pipeline
+    from trainpod.ckpt import Checkpointer
+    from trainpod.testing.wait import wait_until
+
+    # However slow the leader's low-priority prune on a busy machine, rank 1 waits for it
+    trainpod.ckpt.pipeline.SALVAGE_WAIT_S = 20.0
+    os.environ.update(TRAINPOD_NODE="n0", TRAINPOD_NODES="n0")
+    mem = Path(root) / "shm"
+    ck = Checkpointer(f"{root}/durable", memory=str(mem), every=1, agent=False, keep={"memory": 1})
+    inode: dict[int, int] = {}
+    for step in range(1, 8):
+        if step > 1:  # the preparer's file for this save, so that it is staged into one
+            wait_until(
+                lambda: next(iter(mem.glob(f"*/n0/.prepared/framed-{rank}-*")), None),
+                interval_s=0.01,
+                what=f"rank {rank}'s framed file for step {step}",
+            )
+        ck.save(step, {f"w{rank}": torch.full((256, 1024), float(10 * step + rank)), "step": step})
+        assert ck.wait(60)
+        (f,) = mem.glob(f"*/n0/step-{step:010d}/__{rank}_m.distcp") if step > 1 else (None,)
+        if f is not None:
+            inode[step] = f.stat().st_ino
+    assert ck.close(60, release_memory=False)
+    # From the fourth save on each rank's file is the one of the step that left memory, the
+    # leader's (which prunes) and the other rank's (which waits for the leader's prune).
+    reused = [s for s in range(4, 8) if inode[s] == inode[s - 2]]
+    assert reused == [4, 5, 6, 7], (rank, inode)
+
+
+def test_ranks_sharing_a_node_each_write_over_their_file_of_the_step_that_left_memory(
+    tmp_path: Path,
+) -> None:
+    run_ranks(_files_over_on_one_node, 2, str(tmp_path))
+    back = {"w0": torch.zeros(256, 1024), "w1": torch.zeros(256, 1024), "step": 0}
+    dcp_dir = next(tmp_path.glob("shm/*/n0/step-0000000007"))
+    torch.distributed.checkpoint.load(
+        back, storage_reader=torch.distributed.checkpoint.FileSystemReader(dcp_dir)
+    )
+    assert torch.equal(back["w0"], torch.full((256, 1024), 70.0))
+    assert torch.equal(back["w1"], torch.full((256, 1024), 71.0))
+    assert back["step"] == 7

@@ -38,6 +38,7 @@ import mmap
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -458,9 +459,14 @@ class FramedSource:
     by one rank of those holding them: a file holding them all would fill the tier with
     copies nobody reads)."""
 
-    def __init__(self, prepared: Path, rank: int) -> None:
+    def __init__(self, prepared: Path, rank: int, salvage_wait_s: float = 0.0) -> None:
         self.prepared = prepared
         self.rank = rank
+        self.salvage_wait_s = salvage_wait_s
+        """How long :meth:`make` waits for the file of a step leaving the tier, which another
+        rank's prune salvages (the node's leader's): 0 where this rank prunes itself."""
+        self._due: int | None = None
+        """The inode of this rank's file whose step leaves the tier at this commit, if any."""
         self._prefix = f"framed-{rank}-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
         """Each source names its files apart: a source of a re-formed process group runs
         beside the old one's, whose last file may wait to be moved (ADR 0046)."""
@@ -534,6 +540,8 @@ class FramedSource:
                 return
             self._retired.append(ff.kept())
             drop, self._retired = self._retired[:-keep], self._retired[-keep:]
+            # Full: the oldest kept is of the step the prune now takes out of the tier
+            self._due = self._retired[0].inode if len(self._retired) == keep else None
         for old in drop:
             old.release()
 
@@ -548,8 +556,16 @@ class FramedSource:
     def _reused(self, path: Path, layout: Layout) -> FramedFile | None:
         """A salvaged file of this rank made the file at ``path`` (:meth:`FramedFile.reuse`),
         else None; the others go."""
+        with self._lock:
+            due, self._due = self._due, None
+        found = self._salvaged()
+        if not found and due is not None and self.salvage_wait_s > 0:
+            deadline = time.monotonic() + self.salvage_wait_s  # the leader's prune: soon
+            while not found and time.monotonic() < deadline:
+                time.sleep(0.01)
+                found = self._salvaged()
         got = None
-        for old in self._salvaged():
+        for old in found:
             if got is not None:
                 _remove(old)
                 continue

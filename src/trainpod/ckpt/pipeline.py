@@ -52,6 +52,10 @@ from trainpod.ckpt.writefs import PREPARED, Preparer
 
 log = logging.getLogger(__name__)
 
+SALVAGE_WAIT_S = 1.0
+"""How long a rank that is not its node's leader waits, on its preparer's thread, for the
+leader's prune to salvage its file of the step leaving the memory tier (ADR 0055)."""
+
 
 def _let_go(framed: FramedFile | None) -> None:
     """Drop a snapshot's framed file: it is in the step's directory (the step's now), or it
@@ -135,9 +139,9 @@ class Pipeline:
         self._give_up = False
         self.preparer = Preparer()
         prepared = primary.prepared_dir()
-        self.framed: FramedSource | None = (
-            FramedSource(prepared, ctx.rank) if stage_in_files and prepared is not None else None
-        )
+        self.framed: FramedSource | None = None
+        if stage_in_files and prepared is not None:  # the leader prunes: another rank waits
+            self.framed = FramedSource(prepared, ctx.rank, 0.0 if ctx.leader else SALVAGE_WAIT_S)
         """Where :meth:`Stager.stage_framed` takes this rank's framed files from."""
         self._writer = threading.Thread(target=self._write_loop, name="tp-ckpt-write", daemon=True)
         self._copier = threading.Thread(target=self._copy_loop, name="tp-ckpt-copy", daemon=True)
