@@ -225,11 +225,13 @@ def ck_state(seed: float) -> dict[str, Any]:
     return {"a": torch.full((50_000,), seed), "b": torch.arange(1000.0) + seed, "n": int(seed)}
 
 
-def wait_framed(mem: Path) -> Path:
-    """Rank 0's framed file for the next save, once the preparer's thread has made it."""
+def wait_framed(mem: Path, other_than: Path | None = None) -> Path:
+    """Rank 0's framed file for the next save, once the preparer's thread has made it
+    (``other_than``: not that one, made for a layout the state no longer has)."""
 
     def ready() -> Path | None:
-        return next(iter(mem.glob(f"*/*/{PREPARED}/framed-0-*")), None)
+        found = (p for p in mem.glob(f"*/*/{PREPARED}/framed-0-*") if p != other_than)
+        return next(found, None)
 
     return wait_until(ready, interval_s=0.01, what=f"a framed file prepared in {mem}")
 
@@ -278,12 +280,12 @@ def test_a_state_whose_layout_changes_stages_as_before_once_then_into_its_new_la
     with Checkpointer(dir=tmp_path / "durable", memory=mem, every=1, agent=False) as ck:
         ck.save(1, ck_state(1.0))
         assert ck.wait(30)
-        wait_framed(mem)
+        first = wait_framed(mem)
         grown["m"].fill_(2.0)
         ck.save(2, grown)
         assert ck.wait(30)
         assert not (memory_step(mem, 2) / "__0_m.distcp").exists()
-        wait_framed(mem)
+        wait_framed(mem, other_than=first)  # the one made for the old layout may linger
         grown["m"].fill_(3.0)
         ck.save(3, grown)
         assert ck.wait(30)

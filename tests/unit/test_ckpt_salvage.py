@@ -150,6 +150,20 @@ def test_a_file_taken_back_has_its_framing_and_the_same_pages(tmp_path: Path) ->
             p.unlink()
 
 
+def test_a_file_taken_back_and_mapped_anew_is_not_left_locked(tmp_path: Path) -> None:
+    """The exclusive lock taken to check that no reader holds the file would live on in a
+    mapping made from its descriptor and block every later reader (a persister reading the
+    committed step in place) until the writer unmapped it."""
+    layout = _layout()
+    old = tmp_path / "old"
+    _filled(old, layout, 1.0).release()
+    ff = FramedFile.reuse(old, tmp_path / "new", layout)  # no old mapping: mapped anew
+    assert ff is not None and ff.mapping is not None
+    with (tmp_path / "new").open("rb") as other:
+        fcntl.flock(other.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # BlockingIOError if held
+    ff.release()
+
+
 def test_read_locked_holds_a_shared_lock_and_a_name_moved_away_is_gone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,13 +21,14 @@ read of it fail (``EFAULT``), an ``OSError`` like any other, not a ``SIGBUS``.
 from __future__ import annotations
 
 import errno
-import fcntl
 import mmap
 import os
 from collections.abc import Callable, Generator, Iterable
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Literal
+
+from trainpod.ckpt.reuse import open_locked
 
 BLOCK = 4096
 """The alignment ``O_DIRECT`` asks of offsets and lengths (a device's logical block is 512 or
@@ -46,30 +47,34 @@ def copy_file(
     *,
     sync: bool,
     direct: bool = True,
+    over: bool = False,
 ) -> Method:
     """Copy ``size`` bytes of ``src`` into a new ``dst`` (truncated if it exists); ``add(n)``
     after each piece (it may sleep: a bandwidth cap). ``sync``: ``fsync`` before returning.
-    ``direct=False`` never tries ``O_DIRECT``. Returns how it copied. Raises OSError."""
+    ``direct=False`` never tries ``O_DIRECT``. ``over``: ``dst`` is an existing file to be
+    written over in place (its blocks kept), cut or grown to ``size`` at the end
+    (:mod:`trainpod.ckpt.reuse`). Returns how it copied. Raises OSError."""
     if direct and size >= BLOCK:
         with src.open("rb") as fin:
-            fd = _open_direct(dst)
+            fd = _open_direct(dst, over)
             if fd is not None:
                 try:
-                    if _direct(fin.fileno(), fd, dst, size, add, sync=sync):
+                    if _direct(fin.fileno(), fd, dst, size, add, sync=sync, over=over):
                         return "direct"
                 finally:
                     os.close(fd)
-    _sendfile(src, dst, size, add, sync=sync)
+    _sendfile(src, dst, size, add, sync=sync, over=over)
     return "sendfile"
 
 
-def _open_direct(dst: Path) -> int | None:
+def _open_direct(dst: Path, over: bool) -> int | None:
     """``dst`` opened for writing with ``O_DIRECT``; None where its file system refuses it."""
     direct = getattr(os, "O_DIRECT", 0)
     if not direct:  # not on this platform
         return None
+    flags = os.O_WRONLY | os.O_CREAT | direct | (0 if over else os.O_TRUNC)
     try:
-        return os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o666)  # umask
+        return os.open(dst, flags, 0o666)  # umask
     except OSError as exc:
         if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
             return None
@@ -77,7 +82,14 @@ def _open_direct(dst: Path) -> int | None:
 
 
 def _direct(
-    src: int, fd: int, dst: Path, size: int, add: Callable[[int], None], *, sync: bool
+    src: int,
+    fd: int,
+    dst: Path,
+    size: int,
+    add: Callable[[int], None],
+    *,
+    sync: bool,
+    over: bool,
 ) -> bool:
     """The copy through ``fd`` (``O_DIRECT``); False when the first write is refused (the
     file system takes the flag but not the I/O): nothing was written, copy another way."""
@@ -103,9 +115,11 @@ def _direct(
         view.release()
         mm.close()
     tail = size - aligned
-    if tail or sync:
+    if tail or sync or over:
         plain = os.open(dst, os.O_WRONLY)
         try:
+            if over:  # a longer old file keeps no bytes past this one's end
+                os.ftruncate(plain, size)
             if tail:
                 data = os.pread(src, tail, aligned)
                 if len(data) != tail:
@@ -120,9 +134,13 @@ def _direct(
     return True
 
 
-def _sendfile(src: Path, dst: Path, size: int, add: Callable[[int], None], *, sync: bool) -> None:
+def _sendfile(
+    src: Path, dst: Path, size: int, add: Callable[[int], None], *, sync: bool, over: bool
+) -> None:
     """The buffered copy: the kernel copies into the page cache, no GIL held."""
-    with src.open("rb") as fin, dst.open("wb") as fout:
+    with src.open("rb") as fin, dst.open("r+b" if over else "wb") as fout:
+        if over:
+            fout.truncate(size)
         done = 0
         while done < size:
             n = os.sendfile(fout.fileno(), fin.fileno(), done, min(PIECE, size - done))
@@ -143,8 +161,5 @@ def read_locked(paths: Iterable[Path]) -> Generator[None, None, None]:
     away to be used again) is FileNotFoundError, as a pruned one is."""
     with ExitStack() as stack:
         for path in paths:
-            f = stack.enter_context(path.open("rb"))
-            fcntl.flock(f.fileno(), fcntl.LOCK_SH)
-            if os.stat(path).st_ino != os.fstat(f.fileno()).st_ino:
-                raise FileNotFoundError(errno.ENOENT, "moved away while opened", str(path))
+            stack.enter_context(open_locked(path))
         yield

@@ -225,7 +225,9 @@ def build_tiers(cfg: TierConfig) -> list[Tier]:
             )
         )
     if cfg.scratch is not None:
-        tiers.append(FsTier("scratch", cfg.scratch, node=cfg.node, keep=keep("scratch")))
+        tiers.append(
+            FsTier("scratch", cfg.scratch, node=cfg.node, keep=keep("scratch"), reuse=True)
+        )
     if cfg.peer_holder is not None:
         roots = {n: Path(r) for n, r in cfg.peer_roots.items()}
         tiers.append(PeerTier(cfg.node, cfg.peer_holder, roots, keep=keep("peer")))
@@ -238,7 +240,15 @@ def build_tiers(cfg: TierConfig) -> list[Tier]:
                 "(s3fs for s3://) or pass dir= a local path"
             ) from exc
         tiers.append(
-            FsTier("durable", path, fs=fs, keep=keep("durable"), throttled=True, retry=True)
+            FsTier(
+                "durable",
+                path,
+                fs=fs,
+                keep=keep("durable"),
+                throttled=True,
+                retry=True,
+                reuse=True,
+            )
         )
     return tiers
 

@@ -206,6 +206,11 @@ class FramedFile:
                 mm = mmap.mmap(fd, layout.size, flags=mmap.MAP_SHARED)
                 populate(mm)
             os.rename(tmp, path)
+            # A lock taken by :meth:`reuse` would outlive ``fd`` in a mapping made from it
+            # (the mapping holds the open file), and block every reader of the committed
+            # step until it is unmapped: the file is at its new name now, not yet in a
+            # committed step, so no reader can open it before it is written.
+            fcntl.flock(fd, fcntl.LOCK_UN)
         except BaseException:
             _close_and_remove(fd, tmp)
             raise

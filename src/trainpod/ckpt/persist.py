@@ -279,7 +279,15 @@ class Persister:
         self, finish_timeout_s: float | None = None, stop: threading.Event | None = None
     ) -> None:
         """Rounds until :meth:`finish` was called and this node's part of the newest step is
-        done (or, after finish, ``finish_timeout_s`` passed), or until ``stop`` is set."""
+        done (or, after finish, ``finish_timeout_s`` passed), or until ``stop`` is set. The
+        files kept to be written over go then (ADR 0056)."""
+        try:
+            self._run(finish_timeout_s, stop)
+        finally:
+            for tier in self._tiers:
+                tier.drop_reuse()
+
+    def _run(self, finish_timeout_s: float | None, stop: threading.Event | None) -> None:
         finish_by: float | None = None
         while stop is None or not stop.is_set():
             job: tuple[Request, bool, bool] | None = None
@@ -508,6 +516,7 @@ class Persister:
             log.warning("%s: step %d not committed to %s: %s", node, step, tier.name, why)
             with self._cond:
                 self._errors[tier.name] = f"step {step}: {why}"
+            tier.drop_reuse()  # a full disk gets back the space kept to write over
             if not tier.retry:
                 self._skipped[tier.name] = step
                 try:
@@ -546,7 +555,7 @@ class Persister:
             skipped=skipped,
         )
         try:
-            tier.prune(tier.keep, {req.step})
+            tier.prune(tier.keep, {req.step}, tier.reuser())
         except Exception as exc:
             log.warning("pruning %s: %s", tier.name, exc)
         self.emit_status()

@@ -216,7 +216,11 @@ class Pipeline:
         self._q.put(None)
         self._writer.join(timeout_s)
         self._copier.join(timeout_s)
-        return done and not self._writer.is_alive() and not self._copier.is_alive()
+        stopped = not self._writer.is_alive() and not self._copier.is_alive()
+        if stopped:
+            for tier in self.copies:  # the files kept to be written over (ADR 0056)
+                tier.drop_reuse()
+        return done and stopped
 
     def abandon(self, why: str) -> None:
         """Give up without another collective: the process group was re-formed (an
@@ -581,6 +585,7 @@ class Pipeline:
         with self._cond:
             self._errors[tier.name] = f"step {step}: {why}"
         writer = self.ctx.leader if tier.node_scoped else self.ctx.rank == 0
+        tier.drop_reuse()  # a full disk gets back the space kept to write over
         if discard and writer:
             try:
                 tier.discard(step)
@@ -699,7 +704,7 @@ class Pipeline:
             self._committed_event(tier, step, skipped)
             if writer:
                 try:
-                    tier.prune(tier.keep, {step})
+                    tier.prune(tier.keep, {step}, tier.reuser())
                 except Exception as exc:
                     log.warning("rank %d: pruning %s: %s", ctx.rank, tier.name, exc)
         with self._cond:

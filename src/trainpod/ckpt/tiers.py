@@ -17,6 +17,7 @@ from one thread at a time.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
@@ -26,6 +27,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -35,6 +37,7 @@ from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-
 
 from trainpod.ckpt.filecopy import copy_file
 from trainpod.ckpt.manifest import CHUNK, MANIFEST, Manifest, write_atomic
+from trainpod.ckpt.reuse import REUSE, claimed, drop, keep_for_reuse, open_locked
 from trainpod.ckpt.writefs import PREPARED
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -135,8 +138,22 @@ class Tier(ABC):
         """Remove this writer's directory for ``step`` (a failed or torn copy)."""
 
     @abstractmethod
-    def prune(self, keep: int, protect: Iterable[int] = ()) -> None:
-        """Keep the newest ``keep`` committed steps; drop older ones and older torn dirs."""
+    def prune(
+        self,
+        keep: int,
+        protect: Iterable[int] = (),
+        salvage: Callable[[Path], object] | None = None,
+    ) -> None:
+        """Keep the newest ``keep`` committed steps; drop older ones and older torn dirs
+        (``salvage(step_dir)`` first, on each committed one of a local tier)."""
+
+    def reuser(self) -> Callable[[Path], object] | None:
+        """The ``salvage`` with which the copies into this tier prune it: their pruned
+        files are written over by the next step's (None: this tier does not)."""
+        return None
+
+    def drop_reuse(self) -> None:  # noqa: B027  # a tier that keeps nothing has nothing to do
+        """Remove what :meth:`reuser` kept (the job ended, or a copy failed)."""
 
     @abstractmethod
     def locate(self) -> tuple[list[Location], list[str]]:
@@ -167,12 +184,15 @@ class FsTier(Tier):
         throttled: bool = False,
         retry: bool = False,
         prealloc: bool = False,
+        reuse: bool = False,
     ) -> None:
         """``node`` set makes the tier node-scoped (it holds that node's part).
 
         ``sync`` fsyncs copied files and the manifest (off for tmpfs). ``prealloc``: the
         writer allocates each rank's files for the next step after a commit
-        (:mod:`trainpod.ckpt.writefs`; local tiers only).
+        (:mod:`trainpod.ckpt.writefs`; local tiers only). ``reuse``: the copies into it
+        write over the files of the step they pruned (:mod:`trainpod.ckpt.reuse`; plain
+        local files only).
         """
         self.name = name
         self.fs: AbstractFileSystem = fs if fs is not None else LocalFileSystem()
@@ -190,6 +210,7 @@ class FsTier(Tier):
         self.throttled = throttled
         self.retry = retry
         self.prealloc = prealloc and self.local
+        self.reuse = reuse and type(self.fs) is LocalFileSystem
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, {self.root!r})"
@@ -204,6 +225,19 @@ class FsTier(Tier):
         """Where the files allocated for the next step wait (None: this tier has none)."""
         return Path(self.write_root()) / PREPARED if self.prealloc else None
 
+    def reuse_dir(self) -> Path | None:
+        """Where the files of its pruned steps wait to be written over (None: not kept)."""
+        return Path(self.write_root()) / REUSE if self.reuse else None
+
+    def reuser(self) -> Callable[[Path], object] | None:
+        d = self.reuse_dir()
+        return None if d is None else functools.partial(keep_for_reuse, reuse_dir=d)
+
+    def drop_reuse(self) -> None:
+        d = self.reuse_dir()
+        if d is not None:
+            drop(d)
+
     # writing ----------------------------------------------------------------------------
     def put(self, step: int, src: Path, names: Sequence[str], meter: Meter) -> None:
         d = self.step_dir(step)
@@ -215,7 +249,16 @@ class FsTier(Tier):
     def _copy(self, src: Path, dst: str, meter: Meter) -> None:
         size = src.stat().st_size
         if type(self.fs) is LocalFileSystem:  # plain files: the kernel copies, no GIL held
-            copy_file(src, Path(dst), size, lambda n: meter.add(n, self.throttled), sync=self.sync)
+            d = self.reuse_dir()
+            with claimed(d, Path(dst)) if d is not None else nullcontext(False) as over:
+                copy_file(
+                    src,
+                    Path(dst),
+                    size,
+                    lambda n: meter.add(n, self.throttled),
+                    sync=self.sync,
+                    over=over,
+                )
             return
         with src.open("rb") as fin, self.fs.open(dst, "wb") as fout:
             while chunk := fin.read(CHUNK):
@@ -313,6 +356,8 @@ class FsTier(Tier):
         return bytes(self.fs.cat_file(f"{loc.path}/{MANIFEST}"))
 
     def open(self, loc: Location, name: str) -> IO[bytes]:
+        if type(self.fs) is LocalFileSystem:  # held against being written over (ADR 0056)
+            return open_locked(Path(f"{loc.path}/{name}"))
         f: IO[bytes] = self.fs.open(f"{loc.path}/{name}", "rb")
         return f
 
@@ -326,7 +371,9 @@ class PeerTier(FsTier):
     """
 
     def __init__(self, node: str, peer: str, roots: Mapping[str, Path], *, keep: int = 1) -> None:
-        super().__init__("peer", roots[peer], node=node, keep=keep, sync=True, throttled=True)
+        super().__init__(
+            "peer", roots[peer], node=node, keep=keep, sync=True, throttled=True, reuse=True
+        )
         self.peer = peer
         self.roots = dict(roots)
 
