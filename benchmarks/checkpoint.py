@@ -21,6 +21,9 @@ Methods, interleaved run by run so that all see the same machine and disk:
   shared-memory, scratch and durable copies). The agent's side runs here as it does in the
   node agent: a :class:`~trainpod.agent.persisters.CheckpointHub` that hands each committed
   step to a persister process;
+* ``trainpod reuse files``: the same with ``reuse_files=True``: the copies to scratch and
+  durable write over the files of the step they pruned (ADR 0056); the INFO lines set its
+  durable copy, loop rate and training lost per save beside the default's;
 * ``trainpod DCP write``: the same with ``stage_in_files=False``: the state is staged into
   buffers and DCP writes it into the memory tier's prepared files (the path before ADR 0053;
   ``trainpod`` stages into the memory tier's framed file from its second save on);
@@ -91,7 +94,7 @@ TARGET_DURABLE_RATIO = 1.2
 """... the durable copy within 1.2x the raw write time of its bytes (from save()) ..."""
 TARGET_PERSIST_SLOWDOWN = 0.05
 """... and the training loop slowed by at most 5% while the copies run."""
-WARM_TWICE = ("trainpod", "trainpod in-process")
+WARM_TWICE = ("trainpod", "trainpod reuse files", "trainpod in-process")
 """Warmed up with two saves: the first is staged as before (no layout known yet), the second
 into a file allocated for it, and from the third on a save writes over the file of the step
 that left the memory tier (ADR 0055), as every save does in a long run."""
@@ -208,6 +211,7 @@ class Bench:
         self.hub: CheckpointHub | None = None
         self.ck_agent: Checkpointer | None = None
         self.ck_dcp_write: Checkpointer | None = None
+        self.ck_reuse: Checkpointer | None = None
         if agent:
             sock_dir = Path(tempfile.mkdtemp(prefix="tpb-", dir="/tmp"))
             self.hub = CheckpointHub(
@@ -218,9 +222,14 @@ class Bench:
             self.ck_dcp_write = self._checkpointer(
                 "trainpod-dcp-write-durable", agent=True, stage_in_files=False
             )
+            self.ck_reuse = self._checkpointer(
+                "trainpod-reuse-durable", agent=True, reuse_files=True
+            )
         self.step = 0
 
-    def _checkpointer(self, durable: str, agent: bool, stage_in_files: bool = True) -> Checkpointer:
+    def _checkpointer(
+        self, durable: str, agent: bool, stage_in_files: bool = True, reuse_files: bool = False
+    ) -> Checkpointer:
         return Checkpointer(
             self.root / durable,
             memory=True,  # /dev/shm
@@ -229,10 +238,11 @@ class Bench:
             every=1,
             agent=agent,
             stage_in_files=stage_in_files,
+            reuse_files=reuse_files,
         )
 
     def close(self) -> None:
-        for ck in (self.ck, self.ck_agent, self.ck_dcp_write):
+        for ck in (self.ck, self.ck_agent, self.ck_dcp_write, self.ck_reuse):
             if ck is not None:
                 assert ck.close(timeout_s=600)
                 if ck.layout.memory is not None:
@@ -380,12 +390,40 @@ class Bench:
         assert self.ck_agent is not None
         return self._trainpod(self.ck_agent)
 
+    def trainpod_reuse(self) -> Sample:
+        assert self.ck_reuse is not None
+        return self._trainpod(self.ck_reuse)
+
     def trainpod_dcp_write(self) -> Sample:
         assert self.ck_dcp_write is not None
         return self._trainpod(self.ck_dcp_write)
 
     def trainpod_in_process(self) -> Sample:
         return self._trainpod(self.ck)
+
+
+def lost_ms(sample: Sample) -> float:
+    """Training time the copies cost one save: the loop's lost share of the window from the
+    memory commit to the durable commit, times that window."""
+    window = sample["durable_s"] - sample["memory_s"]
+    return (1.0 - sample["persist_rate"]) * window * 1000.0
+
+
+def against_reuse(med: dict[str, Sample], samples: dict[str, list[Sample]]) -> list[str]:
+    """INFO lines: the default copies beside ``reuse_files`` (ADR 0056), in the same run."""
+    raw = med.get("raw write (floor)", {}).get("durable_s")
+    out = []
+    for name in ("trainpod", "trainpod reuse files"):
+        t, runs = med.get(name), samples.get(name, [])
+        if not t or not raw or not runs:
+            continue
+        lost = statistics.median(lost_ms(r) for r in runs)
+        out.append(
+            f"INFO {name}: durable {t['durable_s']:.3f} s = {t['durable_s'] / raw:.2f}x the raw"
+            f" write, loop {t['persist_rate']:.1%} while copying, {lost:.0f} ms of training"
+            " lost per save"
+        )
+    return out
 
 
 def main() -> None:
@@ -429,6 +467,7 @@ def main() -> None:
         "dcp.async_save cached": bench.async_cached,
         "dcp.async_save process": bench.async_process,
         "trainpod": bench.trainpod,
+        "trainpod reuse files": bench.trainpod_reuse,
         "trainpod DCP write": bench.trainpod_dcp_write,
         "trainpod in-process": bench.trainpod_in_process,
         "trainpod control": bench.control,
@@ -597,6 +636,8 @@ def report(
         verdict[key] = ok
         print(f"{'PASS' if ok else 'FAIL'} {line}")
     for line in by_placement(samples.get("trainpod", [])):
+        print(line)
+    for line in against_reuse(med, samples):
         print(line)
     direct = med.get("raw write O_DIRECT (floor)", {}).get("durable_s")
     durable = med.get("trainpod", {}).get("durable_s")

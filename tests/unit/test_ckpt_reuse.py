@@ -1,6 +1,6 @@
-"""Disk tiers write over the files of the step they pruned (ADR 0056): the prune keeps the
-data files, the next copy takes its own by name, and nothing a reader or another link
-holds is written over."""
+"""Disk tiers write over the files of the step they pruned (ADR 0056, opt-in:
+``reuse_files``): the prune keeps the data files, the next copy takes its own by name, and
+nothing a reader or another link holds is written over. Off, every copy makes new files."""
 
 from __future__ import annotations
 
@@ -52,7 +52,12 @@ def make_step(
 
 def _req(root: Path, node: str, step: int) -> Any:
     return request(
-        root, node, step, scratch=str(root / "scratch" / node), keep={"scratch": 1, "durable": 1}
+        root,
+        node,
+        step,
+        scratch=str(root / "scratch" / node),
+        keep={"scratch": 1, "durable": 1},
+        reuse_files=True,
     )
 
 
@@ -94,14 +99,26 @@ def test_on_a_store_shared_by_nodes_each_takes_back_its_own_files(tmp_path: Path
     inode: dict[tuple[int, int], int] = {}
     for step in (1, 2, 3, 4):
         make_step(tmp_path, step, nodes)
-        assert p["n0"].round(request(tmp_path, "n0", step, keep={"durable": 1})) == "waiting"
-        assert p["n1"].round(request(tmp_path, "n1", step, keep={"durable": 1})) == "done"
+        for n, outcome in (("n0", "waiting"), ("n1", "done")):
+            req = request(tmp_path, n, step, keep={"durable": 1}, reuse_files=True)
+            assert p[n].round(req) == outcome
         for r, n in enumerate(nodes):
             f = _file(tmp_path, "durable", step, r)
             assert f.read_bytes() == _data(n, step, MiB + 123)
             inode[r, step] = f.stat().st_ino
     for r in (0, 1):
         assert inode[r, 3] == inode[r, 1] and inode[r, 4] == inode[r, 2], f"rank {r}"
+
+
+def test_off_by_default_every_copy_makes_new_files_and_keeps_none(tmp_path: Path) -> None:
+    p0 = persister(tmp_path, "n0", [])
+    for step in (1, 2, 3):
+        make_step(tmp_path, step)
+        req = request(tmp_path, "n0", step, scratch=str(tmp_path / "scratch"), keep={"durable": 1})
+        assert p0.round(req) == "done"
+        assert not list(tmp_path.rglob(REUSE)), f"step {step}: a file kept to write over"
+    assert _file(tmp_path, "durable", 3).read_bytes() == _data("n0", 3, MiB + 123)
+    assert not _file(tmp_path, "durable", 2).exists(), "keep=1: pruned and gone"
 
 
 def test_a_file_a_reader_holds_is_not_written_over(tmp_path: Path) -> None:
@@ -203,7 +220,9 @@ def test_the_in_process_copies_write_over_too_and_close_lets_the_kept_files_go(
 ) -> None:
     """The copies a worker makes itself (no agent): durable keep=1, every step loads."""
     mem, durable = tmp_path / "shm", tmp_path / "durable"
-    with Checkpointer(dir=durable, memory=mem, every=1, agent=False, keep={"durable": 1}) as ck:
+    with Checkpointer(
+        dir=durable, memory=mem, every=1, agent=False, keep={"durable": 1}, reuse_files=True
+    ) as ck:
         inode = {}
         for step in range(1, 6):
             if step > 1:  # the first save is not staged into a framed file (named _m)
@@ -222,3 +241,32 @@ def test_the_in_process_copies_write_over_too_and_close_lets_the_kept_files_go(
     back = ck_state(0.0)
     load_from_memory(tmp_path, mem, back, 5)
     _assert_same(back, ck_state(5.0))
+
+
+def test_on_a_mount_without_locks_readers_read_and_nothing_is_written_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NFS mounted with ``nolock`` refuses ``flock`` (ENOLCK): a load still reads, and a copy
+    makes a new file, since it cannot know that no reader holds the old one."""
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    f = tmp_path / "f.distcp"
+    f.write_bytes(b"bytes")
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with open_locked(f) as r:
+        assert r.read() == b"bytes"
+    reuse = tmp_path / REUSE
+    reuse.mkdir()
+    os.rename(f, reuse / f.name)
+    with claimed(reuse, tmp_path / f.name) as over:
+        assert not over and not (tmp_path / f.name).exists()
+
+    def io_error(fd: int, op: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(fcntl, "flock", io_error)
+    (tmp_path / "g").write_bytes(b"x")
+    with pytest.raises(OSError, match="Input/output"):  # any other error is not swallowed
+        open_locked(tmp_path / "g")

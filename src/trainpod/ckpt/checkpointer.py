@@ -109,6 +109,10 @@ class Checkpointer:
             shared-memory tier's files, so the copy is that tier's write (ADR 0053); only
             where every tensor is a CPU tensor or a DTensor's CPU shard and DCP writes all
             of this rank's (not replicated ones).
+        reuse_files: the copies into scratch, peer and a durable store on a local path write
+            over the files of the step they pruned instead of allocating new ones (ADR 0056).
+            Measured on a 2-core VM: the durable copy 20-35% sooner, the training loop slowed
+            more while it ran (80-83% of its rate against 90-95%), so off by default.
 
     Raises:
         CheckpointConfigError: no durable location and no ``tiers``, or no local tier.
@@ -136,6 +140,7 @@ class Checkpointer:
         retry_base_s: float = 1.0,
         agent: bool | None = None,
         stage_in_files: bool = True,
+        reuse_files: bool = False,
     ) -> None:
         if every is not None and interval is not None:
             raise CheckpointConfigError(f"got every={every} and interval={interval!r}; pass one")
@@ -169,6 +174,7 @@ class Checkpointer:
             peer=peer,
             storage_options=storage_options,
             bandwidth_bps=bandwidth_bps,
+            reuse_files=reuse_files,
         )
         self.tiers = list(tiers) if tiers is not None else build_tiers(config)
         primary = self.tiers[0] if self.tiers else None

@@ -73,6 +73,9 @@ class TierConfig:
     """Retention per tier name (missing names keep 2)."""
     bandwidth_bps: float | None = None
     """Cap on bytes/s copied to throttled tiers (peer, durable); None: unlimited."""
+    reuse_files: bool = False
+    """Copies into scratch, peer and a local durable store write over the files of the step
+    they pruned (ADR 0056: sooner, but harder on the training loop on this machine)."""
 
     def __post_init__(self) -> None:
         if not self.node:
@@ -92,6 +95,7 @@ class TierConfig:
         peer: bool = True,
         storage_options: Mapping[str, Any] | None = None,
         bandwidth_bps: float | None = None,
+        reuse_files: bool = False,
     ) -> TierConfig:
         holder = layout.peer_of(layout.node) if peer and layout.scratch_base is not None else None
         roots = {n: str(r) for n in layout.nodes if (r := layout.peer_root(n)) is not None}
@@ -105,6 +109,7 @@ class TierConfig:
             storage_options=dict(storage_options or {}),
             keep=dict(keep),
             bandwidth_bps=bandwidth_bps,
+            reuse_files=reuse_files,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -226,11 +231,15 @@ def build_tiers(cfg: TierConfig) -> list[Tier]:
         )
     if cfg.scratch is not None:
         tiers.append(
-            FsTier("scratch", cfg.scratch, node=cfg.node, keep=keep("scratch"), reuse=True)
+            FsTier(
+                "scratch", cfg.scratch, node=cfg.node, keep=keep("scratch"), reuse=cfg.reuse_files
+            )
         )
     if cfg.peer_holder is not None:
         roots = {n: Path(r) for n, r in cfg.peer_roots.items()}
-        tiers.append(PeerTier(cfg.node, cfg.peer_holder, roots, keep=keep("peer")))
+        tiers.append(
+            PeerTier(cfg.node, cfg.peer_holder, roots, keep=keep("peer"), reuse=cfg.reuse_files)
+        )
     if cfg.durable:
         try:
             fs, path = url_to_fs(cfg.durable, **cfg.storage_options)
@@ -247,7 +256,7 @@ def build_tiers(cfg: TierConfig) -> list[Tier]:
                 keep=keep("durable"),
                 throttled=True,
                 retry=True,
-                reuse=True,
+                reuse=cfg.reuse_files,
             )
         )
     return tiers

@@ -34,6 +34,9 @@ from typing import IO
 
 REUSE = ".reuse"
 """The directory under a tier's root where the files of its pruned steps wait."""
+_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+"""What ``flock`` says on a file system that has no locks: a reader reads unlocked there, and
+a writer never writes over a file (it cannot know that no reader holds it)."""
 _SUFFIX = ".distcp"
 """Data files (DCP's and the framed ones): what is worth writing over. The manifest, the
 metadata and the part markers are small and go with their step."""
@@ -92,7 +95,11 @@ def open_locked(path: Path) -> IO[bytes]:
     over) is FileNotFoundError, as a pruned one is."""
     f = path.open("rb")
     try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+        except OSError as exc:  # a mount without locks (NFS with nolock, some FUSE)
+            if exc.errno not in _NO_LOCKS:
+                raise
         if os.stat(path).st_ino != os.fstat(f.fileno()).st_ino:
             raise FileNotFoundError(errno.ENOENT, "moved away while opened", str(path))
     except BaseException:

@@ -370,9 +370,17 @@ class PeerTier(FsTier):
     its rank had on the lost node (the manifest says which node wrote which rank's files).
     """
 
-    def __init__(self, node: str, peer: str, roots: Mapping[str, Path], *, keep: int = 1) -> None:
+    def __init__(
+        self,
+        node: str,
+        peer: str,
+        roots: Mapping[str, Path],
+        *,
+        keep: int = 1,
+        reuse: bool = False,
+    ) -> None:
         super().__init__(
-            "peer", roots[peer], node=node, keep=keep, sync=True, throttled=True, reuse=True
+            "peer", roots[peer], node=node, keep=keep, sync=True, throttled=True, reuse=reuse
         )
         self.peer = peer
         self.roots = dict(roots)
