@@ -111,8 +111,9 @@ class Checkpointer:
             of this rank's (not replicated ones).
         reuse_files: the copies into scratch, peer and a durable store on a local path write
             over the files of the step they pruned instead of allocating new ones (ADR 0056).
-            Measured on a 2-core VM: the durable copy 20-35% sooner, the training loop slowed
-            more while it ran (80-83% of its rate against 90-95%), so off by default.
+            Measured on a 2-core VM: the durable copy about 20% sooner; its cost to the
+            training loop while copying came out worse in one set of runs and not in
+            another, so it is off by default (the checkpoint benchmark shows both).
 
     Raises:
         CheckpointConfigError: no durable location and no ``tiers``, or no local tier.

@@ -75,7 +75,7 @@ class TierConfig:
     """Cap on bytes/s copied to throttled tiers (peer, durable); None: unlimited."""
     reuse_files: bool = False
     """Copies into scratch, peer and a local durable store write over the files of the step
-    they pruned (ADR 0056: sooner, but harder on the training loop on this machine)."""
+    they pruned (ADR 0056: the durable copy sooner; its cost to the loop not settled)."""
 
     def __post_init__(self) -> None:
         if not self.node:
