@@ -236,6 +236,15 @@ def wait_framed(mem: Path, other_than: Path | None = None) -> Path:
     return wait_until(ready, interval_s=0.01, what=f"a framed file prepared in {mem}")
 
 
+def save_framed(ck: Checkpointer, mem: Path, step: int, state: dict[str, Any]) -> None:
+    """Save ``step`` once a framed file is prepared for it (there is none before the first
+    save's commit: that one is staged as before) and wait for its commit."""
+    if step > 1:
+        wait_framed(mem)
+    ck.save(step, state)
+    assert ck.wait(30)
+
+
 def test_from_the_second_save_the_copy_is_the_memory_tier_s_write_each_step_a_new_file(
     tmp_path: Path,
 ) -> None:
@@ -452,11 +461,8 @@ def test_a_large_tensor_is_staged_in_pieces_and_its_step_s_checksum_holds(tmp_pa
     with Checkpointer(
         dir=tmp_path / "durable", memory=mem, every=1, agent=False, keep={"memory": 1}
     ) as ck:
-        ck.save(1, state(1.0))
-        assert ck.wait(30)
-        wait_framed(mem)
-        ck.save(2, state(2.0))
-        assert ck.wait(30)
+        for step in (1, 2):
+            save_framed(ck, mem, step, state(float(step)))
         f = memory_step(mem, 2) / "__0_m.distcp"
         assert f.exists(), "step 2 was staged into the prepared file"
         assert_in_manifest(f)

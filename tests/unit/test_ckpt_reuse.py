@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.unit.test_ckpt_inplace import _assert_same, ck_state, wait_framed
+from tests.unit.test_ckpt_inplace import _assert_same, ck_state, save_framed
 from tests.unit.test_ckpt_persist import persister, request
 from tests.unit.test_ckpt_writefs import assert_in_manifest, load_from_memory
 
@@ -225,10 +225,7 @@ def test_the_in_process_copies_write_over_too_and_close_lets_the_kept_files_go(
     ) as ck:
         inode = {}
         for step in range(1, 6):
-            if step > 1:  # the first save is not staged into a framed file (named _m)
-                wait_framed(mem)
-            ck.save(step, ck_state(float(step)))
-            assert ck.wait(30)
+            save_framed(ck, mem, step, ck_state(float(step)))  # the first is not framed (_m)
             files = list((durable / step_name(step)).glob("*.distcp"))
             assert files
             for f in files:

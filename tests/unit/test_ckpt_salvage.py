@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from tests.unit.test_ckpt_inplace import _assert_same, ck_state, wait_framed
+from tests.unit.test_ckpt_inplace import _assert_same, ck_state, save_framed
 from tests.unit.test_ckpt_persist import STEP, make_memory, persister, request
 from tests.unit.test_ckpt_writefs import assert_in_manifest, load_from_memory, memory_step
 
@@ -51,13 +51,11 @@ def test_the_save_after_next_writes_over_the_file_of_the_step_that_left_memory(
     with Checkpointer(
         dir=tmp_path / "durable", memory=mem, every=1, agent=False, keep={"memory": 1}
     ) as ck:
-        ck.save(1, ck_state(1.0))
-        assert ck.wait(30)
         inode: dict[int, int] = {}
-        for step in range(2, 8):
-            wait_framed(mem)
-            ck.save(step, ck_state(float(step)))
-            assert ck.wait(30)
+        for step in range(1, 8):
+            save_framed(ck, mem, step, ck_state(float(step)))
+            if step == 1:
+                continue
             f = memory_step(mem, step) / "__0_m.distcp"
             inode[step] = f.stat().st_ino
             assert_in_manifest(f)  # its bytes are what the manifest says they are
@@ -79,19 +77,14 @@ def test_a_file_a_reader_holds_by_name_is_not_written_over(tmp_path: Path) -> No
     with Checkpointer(
         dir=tmp_path / "durable", memory=mem, every=1, agent=False, keep={"memory": 1}
     ) as ck:
-        ck.save(1, ck_state(1.0))
-        assert ck.wait(30)
-        wait_framed(mem)
-        ck.save(2, ck_state(2.0))
-        assert ck.wait(30)
+        for step in (1, 2):
+            save_framed(ck, mem, step, ck_state(float(step)))
         f2 = memory_step(mem, 2) / "__0_m.distcp"
         with read_locked([f2]), f2.open("rb") as held:
             before = held.read()
             old = os.fstat(held.fileno()).st_ino
             for step in (3, 4):
-                wait_framed(mem)
-                ck.save(step, ck_state(float(step)))
-                assert ck.wait(30)
+                save_framed(ck, mem, step, ck_state(float(step)))
             assert ck.wait(30)
             new = (memory_step(mem, 4) / "__0_m.distcp").stat().st_ino
             held.seek(0)
